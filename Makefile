@@ -1,0 +1,56 @@
+# The two commands a fresh clone needs: `make book` and `make test` (only python3 and make required).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Notebooks run on the CPU in the book build and the tests, whatever the machine has, so that outputs
+# and runtimes are those the site reports.
+export ATTENTION_COURSE_DEVICE ?= cpu
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+
+NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
+
+.PHONY: help install book test test-fast lint bench exercises clean
+
+help:
+	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
+	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site)"
+	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
+	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
+	@echo "make clean      remove _build"
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attention course)" > /dev/null
+	touch $@
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . -W -n --keep-going --all
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/nbstripout --verify $(NOTEBOOKS)
+
+# Fast feedback while writing: lint, library and structure tests, no notebook execution.
+test-fast: lint
+	$(BIN)/pytest -q tests/unit tests/notebooks/test_structure.py
+
+test: lint
+	$(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading
+	$(MAKE) book
+	$(BIN)/pytest -q tests/book
+
+bench: $(STAMP)
+	$(BIN)/python -m attention_course.benchmarks
+
+exercises: $(STAMP)
+	$(BIN)/python -m attention_course.grading.generate
+
+clean:
+	rm -rf _build

@@ -1,0 +1,38 @@
+"""attention_course: the library behind the course "Attention and the Transformer".
+
+Every algorithm the lessons build step by step lives here once; lessons show it with :func:`show`
+and check their hand-built versions against it.
+"""
+
+__version__ = "0.1.0"
+
+# Foundations every notebook uses: reproducibility, device, source display, plots
+from attention_course.display import show, source_of
+from attention_course.plotting import (
+    ATTENTION_CMAP,
+    OKABE_ITO,
+    plot_attention,
+    plot_attention_grid,
+    use_course_style,
+)
+from attention_course.runtime import get_device, on_gpu, seed_everything, workload
+
+# Chapter 2: from scores to weights
+from attention_course.weighting import attention_pool, hard_attention_weights, soft_attention_weights
+
+# The library: attention and the Transformer
+# isort: split
+from attention_course.additive import AdditiveAttention
+from attention_course.attention import masked_softmax, scaled_dot_product_attention
+from attention_course.feedforward import PositionwiseFeedForward
+from attention_course.layers import DecoderLayer, EncoderLayer
+from attention_course.masks import causal_mask, combine_masks, padding_mask
+from attention_course.multihead import MultiHeadAttention
+from attention_course.normalization import Dropout, LayerNorm
+from attention_course.parameters import PAPER_CONFIGS, count_parameters, transformer_parameter_count
+from attention_course.positional import (
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    sinusoidal_positional_encoding,
+)
+from attention_course.transformer import Decoder, Encoder, Transformer

@@ -1,0 +1,12 @@
+"""Benchmarks behind the figures the course reports (`make bench`).
+
+Each benchmark is a module in this package with a ``run() -> dict`` function returning the JSON-ready
+figures under one top-level key, registered in :data:`BENCHMARKS`. ``python -m attention_course.benchmarks``
+runs them all (or those named on the command line), prints a table, and merges the results into
+``_build/benchmarks.json`` so that figures from separate runs accumulate.
+"""
+
+# name in benchmarks.json -> module in this package that computes it
+BENCHMARKS: dict[str, str] = {
+    "mha_vs_torch_time_ratio": "mha",
+}

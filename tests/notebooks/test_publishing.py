@@ -1,0 +1,31 @@
+"""The publishing workflow and CI call the same Make targets a developer runs."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.notebooks.notebook_files import ROOT
+
+
+def workflow_commands() -> list[str]:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())
+    return [step["run"] for job in workflow["jobs"].values() for step in job.get("steps", []) if "run" in step]
+
+
+def test_workflow_runs_make_test_and_publishes_the_built_book():
+    commands = workflow_commands()
+    assert "make test" in commands, commands
+    text = (ROOT / ".github" / "workflows" / "book.yml").read_text()
+    assert "actions/deploy-pages" in text and "path: _build/html" in text
+
+
+def test_makefile_test_target_builds_the_book():
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert "$(MAKE) book" in test_recipe, test_recipe
+
+
+def test_ci_script_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in ci and "make test" in readme and "make book" in readme

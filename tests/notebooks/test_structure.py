@@ -1,0 +1,110 @@
+"""Every notebook is shaped as the course promises: setup cell first, stripped, python3 kernel."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.notebooks.notebook_files import ALL_NOTEBOOKS, LESSONS, ROOT, SOLUTIONS, read, relative
+
+SETUP_LINES = (
+    "import sys, subprocess",
+    'if "google.colab" in sys.modules:',
+)
+
+
+def expected_install_target(repository_url: str) -> str:
+    return f"attention-course @ git+{repository_url}"
+
+
+def first_code_cell(notebook) -> str:
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            return cell.source
+    raise AssertionError("notebook has no code cell")
+
+
+def test_there_are_notebooks_to_check():
+    # Guards every parametrised test below against silently checking nothing.
+    assert len(LESSONS) >= 1 and len(SOLUTIONS) >= 1, (LESSONS, SOLUTIONS)
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=relative)
+def test_first_code_cell_is_the_colab_setup_cell(path, repository_url):
+    source = first_code_cell(read(path))
+    for line in SETUP_LINES:
+        assert line in source, f"{relative(path)}: the first code cell must be the Colab setup cell (missing {line!r})"
+    installs = re.findall(r'"([^"]*@ git\+[^"]*)"', source)
+    assert installs == [expected_install_target(repository_url)], (
+        f"{relative(path)}: the setup cell installs {installs}, but _config.yml's repository.url says "
+        f"{expected_install_target(repository_url)!r}"
+    )
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=relative)
+def test_notebook_is_stripped_and_uses_python3(path):
+    notebook = read(path)
+    assert notebook.metadata.get("kernelspec", {}).get("name") == "python3", f"{relative(path)}: kernel is not python3"
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{relative(path)} cell {index} has outputs: commit notebooks stripped"
+            assert cell.execution_count is None, f"{relative(path)} cell {index} has an execution count"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=relative)
+def test_lesson_follows_the_anatomy(path):
+    """A lesson has a title, objectives, the library import, a seed, a summary and references."""
+    notebook = read(path)
+    markdown = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# "), (
+        f"{relative(path)}: the first cell must be the title"
+    )
+    for heading in ("## Summary", "## References"):
+        assert heading in markdown, f"{relative(path)}: missing section {heading!r}"
+    assert re.search(r"learning objectives", markdown, re.IGNORECASE), f"{relative(path)}: no learning objectives"
+    assert "import attention_course as ac" in code, f"{relative(path)}: lessons use the course library"
+    assert "ac.seed_everything(" in code, f"{relative(path)}: lessons seed through the library"
+    assert ".cuda()" not in code, f"{relative(path)}: pick devices with ac.get_device(), never .cuda()"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=relative)
+def test_every_figure_cell_has_alt_text(path):
+    """A cell that draws a figure carries alt text in its metadata (mystnb.image.alt)."""
+    notebook = read(path)
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code" or "plt.show()" not in cell.source:
+            continue
+        if "widgets.interact" in cell.source or re.search(r"^\s+plt\.show\(\)", cell.source, re.MULTILINE):
+            # A plt.show() inside a function body draws when the function is called: a widget callback, or a
+            # helper whose calling cell is checked instead.
+            continue
+        alt = cell.metadata.get("mystnb", {}).get("image", {}).get("alt", "")
+        assert len(alt) >= 40, f"{relative(path)} cell {index} draws a figure without descriptive alt text"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=relative)
+def test_widgets_have_a_static_figure(path):
+    """A lesson with a widget also has a static figure (the website cannot run the widget)."""
+    notebook = read(path)
+    code_cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    if not any("widgets." in cell.source for cell in code_cells):
+        pytest.skip(f"{relative(path)} has no widget")
+    figures_with_alt = [cell for cell in code_cells if cell.metadata.get("mystnb", {}).get("image", {}).get("alt")]
+    assert figures_with_alt, f"{relative(path)}: a widget needs a static figure beside it"
+
+
+def test_toc_lists_exactly_the_notebooks_that_exist():
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = {toc["root"]}
+    for part in toc["parts"]:
+        listed.update(chapter["file"] for chapter in part["chapters"])
+    for path in LESSONS + SOLUTIONS:
+        stem = relative(path).removesuffix(".ipynb")
+        assert stem in listed, f"{relative(path)} exists but is not in _toc.yml"
+    for entry in listed:
+        candidates = [ROOT / f"{entry}.ipynb", ROOT / f"{entry}.md"]
+        assert any(candidate.exists() for candidate in candidates), f"_toc.yml lists {entry}, which does not exist"
