@@ -13,6 +13,7 @@ from attention_course.plotting import (
     OKABE_ITO,
     plot_attention,
     plot_attention_grid,
+    show_figure,
     use_course_style,
 )
 from attention_course.runtime import get_device, on_gpu, seed_everything, workload

@@ -8,6 +8,9 @@ Okabe–Ito palette, which stays distinguishable under the common forms of colou
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
@@ -23,6 +26,7 @@ __all__ = [
     "OKABE_ITO",
     "plot_attention",
     "plot_attention_grid",
+    "show_figure",
     "use_course_style",
 ]
 
@@ -66,9 +70,9 @@ def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
     return matrix
 
 
-def _check_labels(labels: Sequence[str] | None, size: int, what: str) -> None:
+def _check_labels(labels: Sequence[str] | None, size: int, rows_or_columns: str) -> None:
     if labels is not None and len(labels) != size:
-        raise ValueError(f"got {len(labels)} {what} labels for {size} {what}s")
+        raise ValueError(f"got {len(labels)} labels for {size} {rows_or_columns}")
 
 
 def plot_attention(
@@ -103,8 +107,8 @@ def plot_attention(
     if cmap not in SAFE_COLORMAPS:
         raise ValueError(f"cmap {cmap!r} is not one of the course's colour-blind-safe maps {sorted(SAFE_COLORMAPS)}")
     num_queries, num_keys = matrix.shape
-    _check_labels(query_labels, num_queries, "query")
-    _check_labels(key_labels, num_keys, "key")
+    _check_labels(query_labels, num_queries, "queries (rows)")
+    _check_labels(key_labels, num_keys, "keys (columns)")
     if ax is None:
         _, ax = plt.subplots(figsize=(0.55 * num_keys + 2.2, 0.5 * num_queries + 1.2))
     image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
@@ -192,3 +196,21 @@ def plot_attention_grid(
     if suptitle:
         fig.suptitle(suptitle)
     return fig
+
+
+def show_figure(fig: Figure, alt: str) -> None:
+    """Display ``fig`` as a PNG image that carries ``alt`` text, then close it.
+
+    Use it inside widget callbacks instead of ``plt.show()``. A widget's output is saved in the notebook's
+    widget state and redrawn by the website without the cell metadata that gives ordinary figures their alt
+    text; an HTML image keeps its description wherever it is shown (book, Jupyter, Colab, VS Code).
+    """
+    if not alt or not alt.strip():
+        raise ValueError("alt text must describe the figure; got an empty string")
+    from IPython.display import HTML, display
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+    display(HTML(f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{encoded}"/>'))

@@ -1,0 +1,191 @@
+"""Serve the built book on 127.0.0.1 and drive it with Debian's Chromium through Playwright.
+
+The book loads MathJax, RequireJS and the Jupyter widget manager from CDNs. CI has no internet, so the test
+browser gets them from local npm copies (tests/browser/package.json) through Playwright request routing; any
+other request that leaves 127.0.0.1 is refused and recorded, so a page that depends on the network is caught.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+HTML = ROOT / "_build" / "html"
+NODE_MODULES = HERE / "node_modules"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+# CDN URL prefix -> folder under node_modules that holds the same files.
+CDN_FILES = {
+    "https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.4/require.min.js": NODE_MODULES / "requirejs" / "require.js",
+}
+CDN_PACKAGE = re.compile(r"^https://(?:cdn\.jsdelivr\.net/npm|unpkg\.com)/(@[^/@]+/[^/@]+|[^/@]+)@[^/]+/(.*)$")
+# Subresource-integrity hashes name the CDN's exact bytes (e.g. the minified require.min.js); the npm copies
+# differ byte for byte, so pages served to the test browser drop `integrity` on the scripts it serves locally.
+SCRIPT_TAG = re.compile(r"<script\b[^>]*>")
+SCRIPT_SRC = re.compile(r'\ssrc="(https://[^"]+)"')
+INTEGRITY = re.compile(r'\s+integrity="[^"]*"')
+
+
+def drop_integrity_of_local_scripts(html: str) -> str:
+    def rewrite(tag: re.Match) -> str:
+        source = SCRIPT_SRC.search(tag.group(0))
+        if source and local_copy(source.group(1)):
+            return INTEGRITY.sub("", tag.group(0))
+        return tag.group(0)
+
+    return SCRIPT_TAG.sub(rewrite, html)
+
+
+# Known upstream defects that do not affect readers, each with its reason. Anything else fails the tests.
+KNOWN_PAGE_ERRORS = {
+    # sphinx-thebe 0.3.1 adds its configuration script twice under Jupyter Book 1.0.4; thebe is not enabled in
+    # this book, so the second declaration is never used.
+    "Identifier 'THEBE_JS_URL' has already been declared",
+    # @jupyter-widgets/html-manager 1.0.6 (the version MyST-NB loads) typesets widget labels through the
+    # MathJax 2 API (MathJax.Hub.Queue); the book uses MathJax 3. The widget itself has rendered by then.
+    "Cannot read properties of undefined (reading 'Queue')",
+}
+# The widget manager's stylesheet names its icon fonts by a path relative to the page, where no site has them.
+KNOWN_MISSING = re.compile(r"/@jupyter-widgets/html-manager/dist/[0-9a-f]{20}\.(woff2?|ttf|eot|svg)$")
+CONTENT_TYPES = {".js": "application/javascript", ".css": "text/css", ".woff": "font/woff", ".woff2": "font/woff2"}
+
+
+def chromium_path() -> str:
+    for candidate in CHROMIUM_CANDIDATES:
+        if Path(candidate).exists():
+            return candidate
+    found = shutil.which("chromium")
+    if found:
+        return found
+    pytest.fail(
+        "Debian's chromium is not installed; `make test` installs it (apt-get install chromium) when run as root",
+        pytrace=False,
+    )
+
+
+def local_copy(url: str) -> Path | None:
+    """The local file that stands in for a CDN URL, or None when there is none."""
+    url = url.split("?", 1)[0]
+    if url in CDN_FILES:
+        return CDN_FILES[url]
+    match = CDN_PACKAGE.match(url)
+    if match:
+        package, path = match.groups()
+        candidate = NODE_MODULES / package / path
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the standard library's name
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url():
+    if not (HTML / "index.html").exists():
+        pytest.fail("_build/html is missing: run `make book` first", pytrace=False)
+    if not (NODE_MODULES / "mathjax").exists():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE, check=True)
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+class PageVisit:
+    """A page with everything it reported: console errors, uncaught exceptions, refused requests."""
+
+    def __init__(self, page):
+        self.page = page
+        self.console_errors: list[str] = []
+        self.page_errors: list[str] = []
+        self.refused: list[str] = []
+        self.failed_responses: list[str] = []
+
+
+@pytest.fixture
+def visit(browser, site_url):
+    contexts = []
+
+    def open_page(path: str, width: int = 1280, height: int = 900) -> PageVisit:
+        context = browser.new_context(viewport={"width": width, "height": height})
+        contexts.append(context)
+        page = context.new_page()
+        result = PageVisit(page)
+
+        def route(route):
+            url = route.request.url
+            host = urlsplit(url).hostname
+            if host == "127.0.0.1":
+                if route.request.resource_type != "document":
+                    return route.continue_()
+                response = route.fetch()
+                return route.fulfill(response=response, body=drop_integrity_of_local_scripts(response.text()))
+            copy = local_copy(url)
+            if copy is None:
+                result.refused.append(url)
+                return route.abort()
+            content_type = CONTENT_TYPES.get(copy.suffix, "application/octet-stream")
+            # The book loads these scripts with crossorigin="anonymous", so the response must allow CORS.
+            headers = {"Content-Type": content_type, "Access-Control-Allow-Origin": "*"}
+            return route.fulfill(path=str(copy), headers=headers)
+
+        page.route("**/*", route)
+
+        def on_console(message):
+            # A failed request is reported (with its URL) by the response handler below.
+            if message.type == "error" and not message.text.startswith("Failed to load resource"):
+                result.console_errors.append(message.text)
+
+        def on_response(response):
+            if response.status >= 400 and not KNOWN_MISSING.search(response.url):
+                result.failed_responses.append(f"{response.status} {response.url}")
+
+        page.on("console", on_console)
+        page.on("response", on_response)
+        page.on(
+            "pageerror",
+            lambda error: str(error) in KNOWN_PAGE_ERRORS or result.page_errors.append(str(error)),
+        )
+        page.goto(f"{site_url}/{path}", wait_until="load")
+        page.wait_for_load_state("networkidle")
+        return result
+
+    yield open_page
+    for context in contexts:
+        context.close()
