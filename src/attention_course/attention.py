@@ -1,0 +1,155 @@
+"""Scaled dot-product attention, the core operation of the Transformer (Vaswani et al. 2017, eq. 1).
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
+
+Conventions used throughout the library:
+
+- Row vectors: one token per row, so ``query`` is ``(..., Lq, d_k)`` and ``scores = query @ keyᵀ`` is
+  ``(..., Lq, Lk)``: one row per query, one column per key.
+- Boolean masks where **True means "may attend"** (as in ``torch.nn.functional.scaled_dot_product_attention``;
+  note that ``torch.nn.MultiheadAttention`` uses the opposite convention, True = blocked).
+- A query row with no allowed key gets zero weights and zero output, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["check_mask", "masked_softmax", "scaled_dot_product_attention"]
+
+
+def check_mask(mask: Tensor, scores_shape: torch.Size | tuple[int, ...]) -> None:
+    """Raise if ``mask`` is not a boolean tensor that broadcasts to ``scores_shape`` without enlarging it.
+
+    Args:
+        mask: candidate mask, True = may attend.
+        scores_shape: shape of the attention scores, ``(..., Lq, Lk)``.
+
+    Raises:
+        TypeError: ``mask`` is not a tensor, or not of dtype ``torch.bool``.
+        ValueError: ``mask`` does not broadcast to ``scores_shape``, or broadcasting would enlarge the scores
+            (a mask with more dimensions, or a size where the scores have 1).
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"mask must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}; "
+            "convert with mask.bool() or build it with a comparison such as tokens != pad_id"
+        )
+    scores_shape = torch.Size(scores_shape)
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != scores_shape:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention scores of shape "
+            f"{tuple(scores_shape)} (batch..., queries, keys); each mask dimension must equal the scores' "
+            "dimension or be 1"
+        )
+
+
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last dimension of ``scores``, ignoring the keys where ``mask`` is False.
+
+    Masked scores are replaced by the most negative finite number of the dtype (not ``-inf``), so a row
+    with every key masked gives a finite, uniform softmax instead of ``0 / 0 = NaN``; such rows are then
+    set to zero. Values and gradients stay finite.
+
+    Args:
+        scores: ``(..., Lq, Lk)`` attention scores.
+        mask: optional boolean tensor broadcastable to ``scores``, True = may attend.
+
+    Returns:
+        ``(..., Lq, Lk)`` weights: each row sums to one, or is all zeros if the row has no allowed key.
+    """
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    check_mask(mask, scores.shape)
+    mask = mask.to(scores.device)  # a mask built on the CPU also works for a model on the GPU
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    # A row with no allowed key: its softmax is uniform over blocked keys, which must not leak through.
+    has_any_key = mask.any(dim=-1, keepdim=True)  # (..., Lq or 1, 1)
+    return weights.masked_fill(~has_any_key, 0.0)
+
+
+def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape "
+                             f"{tuple(tensor.shape)}")
+    if query.size(-1) != key.size(-1):
+        raise ValueError(
+            f"query and key must have the same feature size d_k, got query {tuple(query.shape)} "
+            f"(d_k={query.size(-1)}) and key {tuple(key.shape)} (d_k={key.size(-1)})"
+        )
+    if key.size(-2) != value.size(-2):
+        raise ValueError(
+            f"key and value must have the same length Lk, got key {tuple(key.shape)} (Lk={key.size(-2)}) and "
+            f"value {tuple(value.shape)} (Lk={value.size(-2)})"
+        )
+    try:
+        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch) dimensions of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+            f"{tuple(value.shape)} do not broadcast together"
+        ) from None
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ · scale) V, returning the output and the attention weights.
+
+    Args:
+        query: ``(..., Lq, d_k)``.
+        key: ``(..., Lk, d_k)``.
+        value: ``(..., Lk, d_v)``; ``d_v`` may differ from ``d_k``.
+        mask: optional boolean tensor broadcastable to the scores ``(..., Lq, Lk)``; **True = may attend**.
+            A query row with no allowed key gets zero weights and a zero output.
+        dropout_p: probability of dropping each attention weight (inverted dropout: survivors are scaled by
+            ``1 / (1 - dropout_p)``). There is no ``training`` flag, as in
+            ``torch.nn.functional.scaled_dot_product_attention``: the caller passes 0 at evaluation time
+            (:class:`~attention_course.MultiHeadAttention` does this from ``self.training``).
+        scale: factor applied to ``Q Kᵀ``; defaults to ``1 / √d_k``, which keeps the scores' variance near 1
+            when the entries of Q and K have unit variance.
+
+    The leading (batch) dimensions of query, key and value must be equal or broadcast (for example one key
+    set shared by all heads).
+
+    Returns:
+        ``(output, weights)``: ``output`` is ``(..., Lq, d_v)``; ``weights`` is ``(..., Lq, Lk)``, the
+        attention distribution before dropout (each row sums to one, or is all zeros for a fully masked
+        row). With ``dropout_p > 0`` the output uses the dropped-out weights.
+
+    Raises:
+        ValueError: mismatched ``d_k`` or ``Lk``, leading dimensions that do not broadcast, a mask that does not
+            broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
+        TypeError: a non-boolean mask.
+    """
+    _check_qkv(query, key, value)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.size(-1))
+
+    # Scale the (Lq, d_k) queries rather than the (Lq, Lk) scores: same result, fewer multiplications.
+    scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., Lq, Lk)
+    weights = masked_softmax(scores, mask)  # (..., Lq, Lk)
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    output = torch.matmul(attended, value)  # (..., Lq, d_v)
+    return output, weights

@@ -1,0 +1,223 @@
+"""The Transformer's encoder and decoder layers (Vaswani et al. 2017, §3.1), post-norm or pre-norm.
+
+Each sub-layer f (attention or feed-forward) is wrapped in a residual connection with dropout and a
+LayerNorm, in one of two orders:
+
+    post-norm (the paper, norm_first=False):  x = LayerNorm(x + Dropout(f(x)))
+    pre-norm  (norm_first=True):              x = x + Dropout(f(LayerNorm(x)))
+
+The dropout placement and the ReLU feed-forward match ``nn.TransformerEncoderLayer`` and
+``nn.TransformerDecoderLayer``, so :meth:`EncoderLayer.from_torch` and :meth:`DecoderLayer.from_torch` give
+layers that compute the same function as PyTorch's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attention_course.feedforward import PositionwiseFeedForward
+from attention_course.multihead import MultiHeadAttention
+from attention_course.normalization import Dropout, LayerNorm
+
+__all__ = ["DecoderLayer", "EncoderLayer"]
+
+
+def _check_torch_layer(module: nn.Module, expected: type) -> None:
+    if not isinstance(module, expected):
+        raise TypeError(f"expected an nn.{expected.__name__}, got {type(module).__name__}")
+    activation = module.activation
+    if not (activation is F.relu or isinstance(activation, nn.ReLU)):
+        raise ValueError(f"only the ReLU activation is supported, got {activation}")
+    if module.linear1.bias is None or module.norm1.bias is None:
+        raise ValueError("only layers built with bias=True are supported")
+
+
+def _copy_linear(target: nn.Linear, source: nn.Linear) -> None:
+    target.weight.copy_(source.weight)
+    target.bias.copy_(source.bias)
+
+
+def _copy_norm(target: LayerNorm, source: nn.LayerNorm) -> None:
+    target.weight.copy_(source.weight)
+    target.bias.copy_(source.bias)
+    target.eps = source.eps
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then a position-wise feed-forward network, each with residual, dropout and LayerNorm.
+
+    Args:
+        d_model: model width.
+        num_heads: attention heads (must divide ``d_model``).
+        d_ff: hidden width of the feed-forward network.
+        dropout: probability for the attention weights, the feed-forward hidden layer and both residual
+            branches (one value for all, as in PyTorch).
+        norm_first: False for post-norm (the paper), True for pre-norm.
+
+    Attributes:
+        self_attention_weights: the ``(B, H, L, L)`` attention weights of the last forward call (detached),
+            for plotting attention maps; None before the first call.
+
+    Shape: ``forward(x (B, L, d_model), mask) -> (B, L, d_model)``; ``mask`` broadcastable to
+    ``(B, H, L, L)``, True = may attend (typically a padding mask ``(B, 1, 1, L)``).
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1 = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.self_attention_weights: Tensor | None = None
+
+    def self_attention_block(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Self-attention branch, before the residual add: ``Dropout(MHA(x, x, x))``."""
+        output, weights = self.self_attention(x, x, x, mask=mask)
+        self.self_attention_weights = weights.detach()
+        return self.dropout1(output)
+
+    def feed_forward_block(self, x: Tensor) -> Tensor:
+        """Feed-forward branch, before the residual add: ``Dropout(FFN(x))``."""
+        return self.dropout2(self.feed_forward(x))
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``x (B, L, d_model)`` -> ``(B, L, d_model)``."""
+        if self.norm_first:
+            x = x + self.self_attention_block(self.norm1(x), mask)
+            x = x + self.feed_forward_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self.self_attention_block(x, mask))
+            x = self.norm2(x + self.feed_forward_block(x))
+        return x
+
+    @classmethod
+    def from_torch(cls, module: nn.TransformerEncoderLayer) -> EncoderLayer:
+        """An :class:`EncoderLayer` computing the same function as ``module`` (weights, dropout, eps copied).
+
+        ``module`` must use the ReLU activation; ``batch_first`` may be either value, since only weights are
+        copied (this class is always batch-first).
+        """
+        _check_torch_layer(module, nn.TransformerEncoderLayer)
+        attention = MultiHeadAttention.from_torch(module.self_attn)
+        new = cls(
+            attention.d_model,
+            attention.num_heads,
+            module.linear1.out_features,
+            dropout=module.dropout.p,
+            norm_first=module.norm_first,
+        ).to(device=module.linear1.weight.device, dtype=module.linear1.weight.dtype)
+        new.self_attention = attention
+        with torch.no_grad():
+            _copy_linear(new.feed_forward.linear1, module.linear1)
+            _copy_linear(new.feed_forward.linear2, module.linear2)
+            _copy_norm(new.norm1, module.norm1)
+            _copy_norm(new.norm2, module.norm2)
+        new.train(module.training)
+        return new
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder output, then a feed-forward network.
+
+    Each of the three sub-layers has its own residual connection, dropout and LayerNorm. Arguments are those
+    of :class:`EncoderLayer`.
+
+    Attributes:
+        self_attention_weights: ``(B, H, Lt, Lt)`` weights of the last call (detached), or None.
+        cross_attention_weights: ``(B, H, Lt, Ls)`` weights of the last call (detached), or None: which source
+            positions each target position looked at.
+
+    Shape: ``forward(x (B, Lt, d_model), memory (B, Ls, d_model), self_mask, memory_mask) -> (B, Lt, d_model)``
+    with ``self_mask`` broadcastable to ``(B, H, Lt, Lt)`` (causal, and padding of the target:
+    ``(B, 1, Lt, Lt)`` or ``(Lt, Lt)``) and ``memory_mask`` broadcastable to ``(B, H, Lt, Ls)`` (usually the
+    source padding mask ``(B, 1, 1, Ls)``). True = may attend.
+
+    The sub-layers are separate methods so that incremental decoding (a KV cache) can reuse them.
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1 = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
+        self.norm3 = LayerNorm(d_model)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.self_attention_weights: Tensor | None = None
+        self.cross_attention_weights: Tensor | None = None
+
+    def self_attention_block(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Masked self-attention branch, before the residual add: ``Dropout(MHA(x, x, x))``."""
+        output, weights = self.self_attention(x, x, x, mask=mask)
+        self.self_attention_weights = weights.detach()
+        return self.dropout1(output)
+
+    def cross_attention_block(self, x: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Cross-attention branch: queries from the decoder ``x``, keys and values from ``memory``."""
+        output, weights = self.cross_attention(x, memory, memory, mask=mask)
+        self.cross_attention_weights = weights.detach()
+        return self.dropout2(output)
+
+    def feed_forward_block(self, x: Tensor) -> Tensor:
+        """Feed-forward branch, before the residual add: ``Dropout(FFN(x))``."""
+        return self.dropout3(self.feed_forward(x))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``x (B, Lt, d_model)``, ``memory (B, Ls, d_model)`` -> ``(B, Lt, d_model)``.
+
+        ``self_mask`` must be causal for training with teacher forcing; it is not added automatically.
+        """
+        if self.norm_first:
+            x = x + self.self_attention_block(self.norm1(x), self_mask)
+            x = x + self.cross_attention_block(self.norm2(x), memory, memory_mask)
+            x = x + self.feed_forward_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self.self_attention_block(x, self_mask))
+            x = self.norm2(x + self.cross_attention_block(x, memory, memory_mask))
+            x = self.norm3(x + self.feed_forward_block(x))
+        return x
+
+    @classmethod
+    def from_torch(cls, module: nn.TransformerDecoderLayer) -> DecoderLayer:
+        """A :class:`DecoderLayer` computing the same function as ``module`` (weights, dropout, eps copied).
+
+        ``module`` must use the ReLU activation; ``batch_first`` may be either value.
+        """
+        _check_torch_layer(module, nn.TransformerDecoderLayer)
+        self_attention = MultiHeadAttention.from_torch(module.self_attn)
+        new = cls(
+            self_attention.d_model,
+            self_attention.num_heads,
+            module.linear1.out_features,
+            dropout=module.dropout.p,
+            norm_first=module.norm_first,
+        ).to(device=module.linear1.weight.device, dtype=module.linear1.weight.dtype)
+        new.self_attention = self_attention
+        new.cross_attention = MultiHeadAttention.from_torch(module.multihead_attn)
+        with torch.no_grad():
+            _copy_linear(new.feed_forward.linear1, module.linear1)
+            _copy_linear(new.feed_forward.linear2, module.linear2)
+            _copy_norm(new.norm1, module.norm1)
+            _copy_norm(new.norm2, module.norm2)
+            _copy_norm(new.norm3, module.norm3)
+        new.train(module.training)
+        return new

@@ -1,0 +1,91 @@
+"""Boolean attention masks. True means "may attend", as in ``torch.nn.functional.scaled_dot_product_attention``.
+
+Shapes, for scores of shape ``(B, H, Lq, Lk)`` (batch, heads, queries, keys):
+
+- :func:`causal_mask` ``(L, L)``: broadcasts to every batch item and head (self-attention, Lq = Lk = L).
+- :func:`padding_mask` ``(B, 1, 1, Lk)``: hides padded *keys* for every head and every query.
+- :func:`combine_masks` ANDs masks together, e.g. a decoder's ``(B, 1, L, L)`` causal-and-padding mask.
+
+``torch.nn.MultiheadAttention`` uses the opposite convention (True = blocked); convert with ``~mask``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["causal_mask", "combine_masks", "padding_mask"]
+
+
+def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
+    """Mask that lets query ``i`` attend to keys ``j <= i`` only (no peeking at future tokens).
+
+    Args:
+        size: sequence length L (a positive int).
+        device: where to create the mask.
+
+    Returns:
+        ``(size, size)`` bool tensor, True on and below the diagonal.
+
+    Example:
+        >>> causal_mask(3).int()
+        tensor([[1, 0, 0],
+                [1, 1, 0],
+                [1, 1, 1]], dtype=torch.int32)
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"size must be a positive int, got {size!r}")
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask(token_ids: Tensor, pad_id: int) -> Tensor:
+    """Mask that hides padding tokens when they are used as keys.
+
+    Args:
+        token_ids: ``(B, Lk)`` integer token ids.
+        pad_id: the id of the padding token.
+
+    Returns:
+        ``(B, 1, 1, Lk)`` bool tensor, False where ``token_ids == pad_id``. It broadcasts over heads and over
+        queries against scores of shape ``(B, H, Lq, Lk)``. Padded *queries* are not masked: their outputs
+        are computed but later ignored (by the loss, for instance), which keeps every row finite.
+    """
+    if not isinstance(token_ids, Tensor):
+        raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
+    if token_ids.dim() != 2:
+        raise ValueError(f"token_ids must have shape (batch, length), got shape {tuple(token_ids.shape)}")
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise TypeError(f"token_ids must hold integer token ids, got dtype {token_ids.dtype}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise TypeError(f"pad_id must be an int, got {pad_id!r}")
+    return (token_ids != pad_id)[:, None, None, :]  # (B, 1, 1, Lk)
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """AND together boolean masks (True = may attend), broadcasting their shapes; ``None`` entries are skipped.
+
+    Example: a decoder's self-attention mask ``combine_masks(padding_mask(tgt, pad), causal_mask(L))`` has
+    shape ``(B, 1, L, L)``: query ``i`` sees key ``j`` only if ``j <= i`` and token ``j`` is not padding.
+
+    Returns:
+        The combined mask, or ``None`` if every argument is ``None``.
+    """
+    combined: Tensor | None = None
+    for index, mask in enumerate(masks):
+        if mask is None:
+            continue
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+            raise TypeError(f"mask {index} must be a bool tensor (True = may attend), got {got}")
+        if combined is None:
+            combined = mask
+            continue
+        try:
+            torch.broadcast_shapes(combined.shape, mask.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"mask {index} of shape {tuple(mask.shape)} does not broadcast with the masks before it "
+                f"(combined shape {tuple(combined.shape)})"
+            ) from None
+        combined = combined & mask
+    return combined
