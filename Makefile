@@ -7,11 +7,10 @@ STAMP  := $(VENV)/.installed
 # and runtimes are those the site reports.
 export ATTENTION_COURSE_DEVICE ?= cpu
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint bench exercises clean
+.PHONY: help install book test test-fast lint browser-deps bench exercises clean
 
 help:
 	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
@@ -26,7 +25,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attention course)" > /dev/null
 	touch $@
 
@@ -41,10 +40,24 @@ lint: $(STAMP)
 test-fast: lint
 	$(BIN)/pytest -q tests/unit tests/notebooks/test_structure.py
 
+# Debian's Chromium drives the browser tests (no browser download works here); npm supplies local copies of the
+# CDN assets the site loads (MathJax, RequireJS, the widget manager), since CI has no internet.
+browser-deps:
+	@command -v chromium > /dev/null || command -v chromium-browser > /dev/null || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; \
+	  else sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; fi; }
+	@test -d tests/browser/node_modules/mathjax || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
+
+# The whole suite: lint; library, notebook-structure and grader tests with every lesson and solution notebook
+# re-executed by nbval (two workers, one notebook per worker at a time); the book build; the built site, offline
+# and in Chromium.
 test: lint
-	$(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading
+	$(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 chapters exercises/solutions
 	$(MAKE) book
-	$(BIN)/pytest -q tests/book
+	$(MAKE) browser-deps
+	$(BIN)/pytest -q tests/book tests/browser
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_course.benchmarks
