@@ -8,5 +8,9 @@ runs them all (or those named on the command line), prints a table, and merges t
 
 # name in benchmarks.json -> module in this package that computes it
 BENCHMARKS: dict[str, str] = {
+    "capstone": "capstone",
+    "kv_cache": "kv_cache",
+    "tiled_attention": "tiled",
     "mha_vs_torch_time_ratio": "mha",
+    "grading_seconds_per_notebook": "grading",
 }

@@ -1,0 +1,143 @@
+"""Building blocks for ``verify`` functions: each returns ``None`` when the property holds, else a message
+that says exactly what is wrong ("row 2 of your weights sums to 0.73").
+
+They accept any wire value (the learner may return anything), never raise on odd input, and phrase the
+message from the learner's side: "your weights", "expected shape (2, 4, 5, 5), got (2, 5, 4, 4)".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from attention_course.grading.wire import describe
+
+__all__ = [
+    "first_problem",
+    "fmt",
+    "fmt_shape",
+    "row_name",
+    "tensor_problem",
+    "finite_problem",
+    "close_problem",
+    "rows_sum_problem",
+    "non_negative_problem",
+    "scalar_problem",
+]
+
+Problem = str | None
+
+
+def fmt(x: float) -> str:
+    """A number as the learner should read it: 4 significant digits, 'NaN', 'inf'."""
+    if x != x:
+        return "NaN"
+    return f"{x:.4g}"
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return str(tuple(int(s) for s in shape))
+
+
+def row_name(index: Sequence[int]) -> str:
+    """'row 2' for a matrix row, 'row 2 of batch item (1, 0)' when there are leading batch dimensions."""
+    index = [int(i) for i in index]
+    if len(index) <= 1:
+        return f"row {index[0] if index else 0}"
+    batch = index[:-1]
+    return f"row {index[-1]} of batch item {batch[0] if len(batch) == 1 else tuple(batch)}"
+
+
+def first_problem(*checks: Callable[[], Problem]) -> Problem:
+    """Run ``checks`` in order and return the first message; later checks may assume earlier ones passed."""
+    for check in checks:
+        problem = check()
+        if problem is not None:
+            return problem
+    return None
+
+
+def tensor_problem(value: Any, what: str, shape: Sequence[int] | None = None, floating: bool = True) -> Problem:
+    """``value`` must be a tensor (floating point unless ``floating=False``) of the given ``shape``."""
+    if not isinstance(value, torch.Tensor):
+        return f"expected {what} to be a torch.Tensor, got {describe(value)}"
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        return f"expected {what} of shape {fmt_shape(shape)}, got {fmt_shape(value.shape)}"
+    if floating and not value.is_floating_point():
+        return f"expected {what} to be a floating-point tensor, got dtype {value.dtype}"
+    return None
+
+
+def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True) -> Problem:
+    """No NaN or infinity anywhere; the message names the first offending row (or index)."""
+    bad = ~torch.isfinite(value)
+    if not bad.any():
+        return None
+    index = [int(i) for i in bad.nonzero()[0]]
+    kind = "NaN" if torch.isnan(value[tuple(index)]) else "an infinity"
+    place = row_name(index[:-1]) if by_rows and value.dim() >= 2 else f"index {tuple(index)}"
+    return f"{place} of {what} contains {kind}"
+
+
+def close_problem(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    what: str,
+    reference: str,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> Problem:
+    """``actual`` equals ``expected`` within ``atol + rtol·|expected|``; shapes must already agree.
+
+    The message gives the largest difference and where it is: "your output differs from
+    nn.MultiheadAttention by up to 0.63 (index (0, 2, 1): yours 0.12, expected 0.75)".
+    """
+    actual = actual.to(torch.float64)
+    expected = expected.to(torch.float64)
+    diff = (actual - expected).abs()
+    diff = torch.where(torch.isnan(actual) | torch.isnan(expected), torch.full_like(diff, float("inf")), diff)
+    allowed = atol + rtol * expected.abs().nan_to_num(posinf=0.0, neginf=0.0)
+    bad = diff > allowed
+    if not bad.any():
+        return None
+    worst = int(torch.argmax(torch.where(bad, diff, torch.zeros_like(diff)).flatten()))
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
+    where = f" at index {index}" if diff.dim() else ""
+    verb = "differ" if what.endswith("weights") else "differs"
+    return (f"{what} {verb} from {reference} by up to {fmt(float(diff.flatten()[worst]))}{where}: "
+            f"yours {fmt(float(actual.flatten()[worst]))}, expected {fmt(float(expected.flatten()[worst]))}")
+
+
+def rows_sum_problem(weights: torch.Tensor, what: str = "your weights", atol: float = 1e-4,
+                     skip_rows: torch.Tensor | None = None) -> Problem:
+    """Every row (last dimension) sums to one, except rows where ``skip_rows`` is True."""
+    sums = weights.to(torch.float64).sum(dim=-1)
+    bad = ~((sums - 1.0).abs() <= atol)
+    if skip_rows is not None:
+        bad = bad & ~skip_rows
+    if not bad.any():
+        return None
+    index = [int(i) for i in bad.nonzero()[0]]
+    return f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1"
+
+
+def non_negative_problem(weights: torch.Tensor, what: str = "your weights") -> Problem:
+    """No negative entry (attention weights are a convex combination)."""
+    bad = weights < 0
+    if not bad.any():
+        return None
+    index = [int(i) for i in bad.nonzero()[0]]
+    value = float(weights[tuple(index)])
+    place = row_name(index[:-1]) if weights.dim() >= 2 else "the vector"
+    return f"{place} of {what} has a negative entry {fmt(value)} at key {index[-1]}"
+
+
+def scalar_problem(value: Any, what: str) -> Problem:
+    """``value`` must be a real number: a Python number or a tensor with one element."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        return f"expected {what} to be a number, got {describe(value)}"
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        return f"expected {what} to be a single number, got {describe(value)}"
+    return None

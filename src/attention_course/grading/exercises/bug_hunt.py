@@ -1,0 +1,443 @@
+"""The bug hunt: the checks behind ``exercises/ex_bug_hunt.ipynb``.
+
+Each part hands the learner a broken attention function, modelled on a bug that popular tutorials
+shipped (the course's seed errata number is in each part's summary), and checks the fix against PyTorch's
+own modules (``nn.MultiheadAttention``, ``F.layer_norm``, ``F.scaled_dot_product_attention``) and against
+properties (cross-attention with different lengths, finite fully masked rows, no causal leakage, dropout
+statistics). Messages say which property still fails.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    row_name,
+    rows_sum_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=g) * scale
+
+
+def _projection(g: torch.Generator, d_model: int) -> torch.Tensor:
+    """A (d_model, d_model) weight in row convention (x @ w), scaled to keep activations near unit size."""
+    return _randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model))
+
+
+def _torch_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w_q: torch.Tensor,
+               w_k: torch.Tensor, w_v: torch.Tensor, w_o: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """nn.MultiheadAttention (no biases, float64) with the given row-convention weights: (B, Lq, D)."""
+    d_model = query.shape[-1]
+    module = nn.MultiheadAttention(d_model, num_heads, bias=False, batch_first=True).double()
+    with torch.no_grad():
+        # nn.Linear computes x @ weightᵀ, so a row-convention weight w goes in transposed.
+        module.in_proj_weight.copy_(torch.cat([w_q.T, w_k.T, w_v.T]).double())
+        module.out_proj.weight.copy_(w_o.T.double())
+        output, _ = module(query.double(), key.double(), value.double(), need_weights=False)
+    return output
+
+
+def _mha_case(g: torch.Generator, name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
+    query = _randn(g, batch, len_q, d_model)
+    key = _randn(g, batch, len_k, d_model)
+    value = _randn(g, batch, len_k, d_model)
+    weights = tuple(_projection(g, d_model) for _ in range(4))
+    return Case(name, (query, key, value, *weights, heads))
+
+
+# --- 1: keys and values reshaped with the query length (errata 0.13) ----------------------------------
+def _cross_cases(g: torch.Generator) -> list[Case]:
+    return [
+        _mha_case(g, "self-attention shapes: Lq = Lk = 6, d_model 16, 4 heads", 2, 6, 6, 16, 4),
+        _mha_case(g, "cross-attention with Lq = 5, Lk = 7 (d_model 16, 4 heads)", 2, 5, 7, 16, 4),
+        _mha_case(g, "cross-attention with Lq = 4, Lk = 2 (d_model 8, 2 heads)", 3, 4, 2, 8, 2),
+        _mha_case(g, "cross-attention with Lq = 1, Lk = 9 (d_model 12, 3 heads)", 1, 1, 9, 12, 3),
+    ]
+
+
+def _verify_against_mha(case: Case, output: Any) -> str | None:
+    query, key, value, w_q, w_k, w_v, w_o, heads = case.args
+    expected = _torch_mha(query, key, value, w_q, w_k, w_v, w_o, heads)
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+        lambda: close_problem(output, expected, "your output", "nn.MultiheadAttention with the same weights"),
+    )
+
+
+# --- 2: heads mixed by an einsum on permuted tensors (errata 2.4) -------------------------------------
+def _head_weight_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
+        return Case(name, (_randn(g, batch, len_q, d_model), _randn(g, batch, len_k, d_model), heads))
+
+    return [
+        case("Lq = Lk = 5, d_model 16, 4 heads", 2, 5, 5, 16, 4),
+        case("Lq = Lk = 3, d_model 12, 2 heads", 1, 3, 3, 12, 2),
+        case("cross-attention Lq = 3, Lk = 6, d_model 8, 2 heads", 2, 3, 6, 8, 2),
+        case("one head: Lq = Lk = 4, d_model 6", 2, 4, 4, 6, 1),
+    ]
+
+
+def _verify_head_weights(case: Case, output: Any) -> str | None:
+    q, k, heads = case.args
+    batch, len_q, d_model = q.shape
+    d_head = d_model // heads
+    q_heads = q.double().reshape(batch, len_q, heads, d_head).transpose(1, 2)  # (B, H, Lq, dh)
+    k_heads = k.double().reshape(batch, k.shape[1], heads, d_head).transpose(1, 2)  # (B, H, Lk, dh)
+    expected = torch.softmax(q_heads @ k_heads.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
+    return first_problem(
+        lambda: tensor_problem(output, "your weights", expected.shape),
+        lambda: finite_problem(output, "your weights"),
+        lambda: rows_sum_problem(output),
+        lambda: close_problem(output, expected, "your weights", "each head's softmax(q_h k_hᵀ / √d_head)"),
+    )
+
+
+# --- 3: scaled by √d_model instead of √d_head (errata 2.6) -------------------------------------------
+def _self_mha_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
+        x = _randn(g, batch, length, d_model, scale=2.0)
+        return Case(name, (x, *(_projection(g, d_model) for _ in range(4)), heads))
+
+    return [
+        case("d_model 16, 4 heads, L = 5", 2, 5, 16, 4),
+        case("d_model 64, 8 heads, L = 6", 1, 6, 64, 8),
+        case("d_model 8, 1 head, L = 4", 2, 4, 8, 1),
+    ]
+
+
+def _verify_self_mha(case: Case, output: Any) -> str | None:
+    x, w_q, w_k, w_v, w_o, heads = case.args
+    return _verify_against_mha(Case(case.name, (x, x, x, w_q, w_k, w_v, w_o, heads)), output)
+
+
+# --- 4: -inf masking gives NaN on fully masked rows (errata 0.9) --------------------------------------
+def _masked_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, mask: torch.Tensor, batch: int = 2, d: int = 4, d_v: int = 3) -> Case:
+        len_q, len_k = mask.shape[-2:]
+        return Case(name, (_randn(g, batch, len_q, d), _randn(g, batch, len_k, d), _randn(g, batch, len_k, d_v),
+                           mask))
+
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    padding = torch.ones(2, 4, 6, dtype=torch.bool)
+    padding[1, :, 4:] = False  # the second sequence has two padding keys
+    fully = torch.ones(2, 4, 5, dtype=torch.bool)
+    fully[0, 2] = False  # query 2 of batch item 0 may attend to nothing
+    fully[1, 0] = False
+    everything = torch.zeros(3, 4, dtype=torch.bool)
+    return [
+        case("a causal mask, L = 5", causal),
+        case("a padding mask (last 2 keys of item 1 masked)", padding),
+        case("fully masked rows (a query with no allowed key)", fully),
+        case("every key masked for every query", everything),
+    ]
+
+
+def _verify_masked(case: Case, output: Any) -> str | None:
+    q, k, v, mask = case.args
+    scores = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    allowed = mask.expand(scores.shape)
+    expected_w = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    expected_out = expected_w @ v.double()
+    empty_rows = ~allowed.any(dim=-1)  # (B, Lq)
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return "expected a tuple (output, weights)"
+    out, weights = output
+
+    def fully_masked() -> str | None:
+        for tensor, what in ((weights, "weights"), (out, "output")):
+            bad = ~torch.isfinite(tensor).all(dim=-1) & empty_rows
+            if bad.any():
+                index = [int(i) for i in bad.nonzero()[0]]
+                return (f"fully masked {row_name(index)} gives NaN in your {what}: a query with no allowed key "
+                        "must get zero weights and zero output")
+        for tensor, what in ((weights, "weights"), (out, "output")):
+            bad = (tensor.abs().amax(dim=-1) > 1e-6) & empty_rows
+            if bad.any():
+                index = [int(i) for i in bad.nonzero()[0]]
+                return (f"fully masked {row_name(index)} of your {what} is not zero: a query with no allowed key "
+                        "gets zero weights and zero output")
+        return None
+
+    def masked_keys() -> str | None:
+        leak = (weights.double().abs() > 1e-6) & ~allowed
+        if leak.any():
+            index = [int(i) for i in leak.nonzero()[0]]
+            return (f"{row_name(index[:-1])} of your weights gives weight to key {index[-1]}, which the mask blocks "
+                    "(True means 'may attend')")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(weights, "your weights", scores.shape),
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        fully_masked,
+        lambda: finite_problem(weights, "your weights"),
+        masked_keys,
+        lambda: rows_sum_problem(weights, skip_rows=empty_rows),
+        lambda: close_problem(weights, expected_w, "your weights", "the masked softmax"),
+        lambda: close_problem(out, expected_out, "your output", "weights @ v"),
+    )
+
+
+# --- 5: summing v_i instead of v_j (errata 3.7) --------------------------------------------------------
+def _loop_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, len_q: int, len_k: int, d: int, d_v: int) -> Case:
+        return Case(name, (_randn(g, len_q, d), _randn(g, len_k, d), _randn(g, len_k, d_v)))
+
+    return [
+        case("self-attention shapes: Lq = Lk = 4, d = 3", 4, 4, 3, 3),
+        case("Lq = 3, Lk = 5, d = 4, d_v = 2", 3, 5, 4, 2),
+        case("Lq = 6, Lk = 2, d = 2, d_v = 3", 6, 2, 2, 3),
+    ]
+
+
+def _verify_loops(case: Case, output: Any) -> str | None:
+    q, k, v = case.args
+    weights = torch.softmax(q.double() @ k.double().T / math.sqrt(q.shape[1]), dim=-1)
+    expected = weights @ v.double()
+
+    def copies_values() -> str | None:
+        rows = min(q.shape[0], v.shape[0])
+        if torch.allclose(output[:rows].double(), v[:rows].double(), atol=1e-5):
+            return ("your output equals the values (o_i = v_i), so attention does nothing: each output must mix "
+                    "the values of all keys, weighted by its attention weights")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        copies_values,
+        lambda: close_problem(output, expected, "your output", "softmax(q kᵀ / √d) v"),
+    )
+
+
+# --- 6: LayerNorm dividing by σ + ε (errata 3.1) -------------------------------------------------------
+def _layer_norm_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, x: torch.Tensor, eps: float = 1e-5) -> Case:
+        d = x.shape[-1]
+        return Case(name, (x, 1.0 + _randn(g, d, scale=0.1), _randn(g, d, scale=0.1)), {"eps": eps})
+
+    return [
+        case("inputs with std about 1, shape (4, 8)", _randn(g, 4, 8)),
+        case("inputs with std about 1e-2, shape (2, 3, 16)", 5.0 + _randn(g, 2, 3, 16, scale=1e-2)),
+        case("inputs with std about 1e-3, shape (3, 32)", _randn(g, 3, 32, scale=1e-3)),
+        case("eps = 0.1, shape (2, 6)", _randn(g, 2, 6, scale=0.5), eps=0.1),
+    ]
+
+
+def _verify_layer_norm(case: Case, output: Any) -> str | None:
+    x, weight, bias = case.args
+    eps = case.kwargs["eps"]
+    expected = F.layer_norm(x.double(), (x.shape[-1],), weight.double(), bias.double(), eps)
+    std = float(x.double().std(dim=-1).mean())
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: finite_problem(output, "your output"),
+        lambda: close_problem(output, expected, f"for inputs with std {std:.1g} your output",
+                              "nn.LayerNorm (which divides by √(biased variance + eps))", atol=1e-4, rtol=1e-3),
+    )
+
+
+# --- 7: dropout without rescaling (errata 3.4) ----------------------------------------------------------
+def _dropout_cases(g: torch.Generator) -> list[Case]:
+    def x(*shape: int) -> torch.Tensor:
+        return 1.0 + torch.rand(*shape, generator=g)  # no zeros in the input, so dropped entries are visible
+
+    return [
+        Case("training, p = 0.2, 100 000 entries", (x(200, 500),), {"p": 0.2, "training": True}),
+        Case("training, p = 0.5, 40 000 entries", (x(4, 100, 100),), {"p": 0.5, "training": True}),
+        Case("evaluation (training=False) is the identity", (x(30, 40),), {"p": 0.3, "training": False}),
+        Case("p = 0 keeps everything", (x(50, 50),), {"p": 0.0, "training": True}),
+        Case("p = 1 drops everything (without NaN)", (x(20, 20),), {"p": 1.0, "training": True}),
+    ]
+
+
+def _run_dropout(obj: Any, case: Case) -> Any:
+    if case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0:
+        return call_function(obj, case), call_function(obj, case)  # two draws: the masks must differ
+    return call_function(obj, case)
+
+
+def _verify_dropout(case: Case, output: Any) -> str | None:
+    x = case.args[0]
+    p, training = case.kwargs["p"], case.kwargs["training"]
+    two_draws = training and 0.0 < p < 1.0
+    first = output[0] if two_draws and isinstance(output, tuple) and len(output) == 2 else output
+    problem = tensor_problem(first, "your output", x.shape) or finite_problem(first, "your output", by_rows=False)
+    if problem:
+        return problem
+    out = first.double()
+    if not training or p == 0.0:
+        return close_problem(out, x.double(), "your output", "the input (dropout must change nothing here)",
+                             atol=0.0, rtol=1e-6)
+    if p == 1.0:
+        return None if bool((out == 0).all()) else "with p = 1 every entry must be zero"
+    kept = out != 0
+    scale = 1.0 / (1.0 - p)
+    ratio = out[kept] / x.double()[kept]
+    if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-4):
+        return (f"surviving entries must be scaled by 1/(1 - p) = {fmt(scale)} so that the expected value is "
+                f"unchanged; yours are scaled by {fmt(float(ratio.mean()))}")
+    dropped = 1.0 - float(kept.double().mean())
+    tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
+    if abs(dropped - p) > tolerance:
+        return f"about {fmt(100 * p)}% of entries should be zero, but you zeroed {fmt(100 * dropped)}%"
+    second = output[1] if isinstance(output, tuple) else None
+    if tensor_problem(second, "your second output", x.shape) is None and torch.equal(second != 0, kept):
+        return "two calls dropped exactly the same entries: the mask must be drawn at random on every call"
+    return None
+
+
+# --- 8: residual taken from the projected tensor (errata 0.14) ----------------------------------------
+def _sublayer_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
+        x = _randn(g, batch, length, d_model)
+        weights = tuple(_projection(g, d_model) for _ in range(4))
+        return Case(name, (x, *weights, heads, 1.0 + _randn(g, d_model, scale=0.1), _randn(g, d_model, scale=0.1)))
+
+    return [
+        case("batch 2, L = 5, d_model 16, 4 heads", 2, 5, 16, 4),
+        case("batch 3, L = 4, d_model 8, 2 heads", 3, 4, 8, 2),
+        case("batch 1, L = 6, d_model 8, 1 head", 1, 6, 8, 1),
+    ]
+
+
+def _verify_sublayer(case: Case, output: Any) -> str | None:
+    x, w_q, w_k, w_v, w_o, heads, norm_weight, norm_bias = case.args
+    attended = _torch_mha(x, x, x, w_q, w_k, w_v, w_o, heads)
+    expected = F.layer_norm(x.double() + attended, (x.shape[-1],), norm_weight.double(), norm_bias.double())
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: finite_problem(output, "your output"),
+        lambda: close_problem(output, expected, "your output", "LayerNorm(x + nn.MultiheadAttention(x, x, x))",
+                              atol=1e-4, rtol=1e-3),
+    )
+
+
+# --- 9: a decoder without its causal mask (errata 1.11) ------------------------------------------------
+def _causal_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, length: int, d: int, cut: int | None = None) -> Case:
+        data = {} if cut is None else {"cut": cut}
+        weights = tuple(_projection(g, d) for _ in range(3))
+        return Case(name, (_randn(g, batch, length, d), *weights), data=data)
+
+    return [
+        case("no causal leakage: tokens from position 3 on are changed", 2, 6, 8, cut=3),
+        case("batch 2, L = 5, d = 8", 2, 5, 8),
+        case("batch 1, L = 7, d = 4", 1, 7, 4),
+    ]
+
+
+def _run_causal(obj: Any, case: Case) -> Any:
+    if "cut" not in case.data:
+        return call_function(obj, case)
+    (x, *weights), _ = case.fresh_args()
+    changed = x.clone()
+    changed[:, case.data["cut"]:] += 1.0
+    return obj(x, *weights), obj(changed, *weights)
+
+
+def _verify_causal(case: Case, output: Any) -> str | None:
+    x, w_q, w_k, w_v = case.args
+    q, k, v = (x.double() @ w.double() for w in (w_q, w_k, w_v))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if "cut" in case.data:
+        cut = case.data["cut"]
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "expected your function to return one tensor"
+        problem = tensor_problem(output[0], "your output", x.shape) or tensor_problem(output[1], "your output",
+                                                                                      x.shape)
+        if problem:
+            return problem
+        change = (output[1].double() - output[0].double())[:, :cut].abs().amax(dim=(0, 2))  # (cut,)
+        if change.max() > 1e-5:
+            position = int(change.argmax())
+            return (f"causal leakage: changing the tokens from position {cut} on changed your output at position "
+                    f"{position} by {fmt(float(change[position]))}; position i may only attend to positions <= i")
+        output = output[0]
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: finite_problem(output, "your output"),
+        lambda: close_problem(output, expected, "your output",
+                              "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),
+    )
+
+
+def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
+    return Part(name=name, function=name, points=1, summary=summary, hint=hint, make_cases=make_cases,
+                verify=verify, run=run)
+
+
+EXERCISE = Exercise(
+    id="bug_hunt",
+    title="Bug hunt: attention bugs that tutorials shipped",
+    preamble=PREAMBLE,
+    parts=(
+        _part("multi_head_cross_attention",
+              "cross-attention must work when the key length differs from the query length (errata 0.13)",
+              "Look at every .view(...) call: which length does each tensor really have? The keys and values come "
+              "from the other sequence.",
+              _cross_cases, _verify_against_mha),
+        _part("multi_head_weights",
+              "each head must attend within itself, shape (B, H, Lq, Lk) (errata 2.4)",
+              "An einsum string names the axes of the tensors it is given, in order. After a permute, the axes are "
+              "no longer (batch, length, heads, d_head). Either drop the permutes or change the labels.",
+              _head_weight_cases, _verify_head_weights),
+        _part("multi_head_self_attention",
+              "the scores of each head are scaled by 1/√d_head (errata 2.6)",
+              "The 1/√d scaling keeps the variance of a dot product of two d-dimensional vectors near 1. Which "
+              "vectors are dotted together inside one head, and how long are they?",
+              _self_mha_cases, _verify_self_mha),
+        _part("masked_attention",
+              "a query with no allowed key gets zero weights and zero output, not NaN (errata 0.9)",
+              "softmax of a row that is all -inf is 0/0 = NaN. Fill masked scores with a large finite negative "
+              "number (torch.finfo(dtype).min), then set the weights of rows with no allowed key to zero.",
+              _masked_cases, _verify_masked),
+        _part("attention_with_loops",
+              "o_i sums the values v_j of all keys j, not v_i (errata 3.7)",
+              "Write the formula with its indices: o_i = sum_j w_ij v_j. Which index runs in the inner loop?",
+              _loop_cases, _verify_loops),
+        _part("layer_norm",
+              "LayerNorm divides by √(biased variance + eps), as nn.LayerNorm (errata 3.1)",
+              "nn.LayerNorm uses the biased variance (divide by d, not d - 1) and puts eps inside the square root: "
+              "(x - mean) / sqrt(var + eps). The difference is invisible for unit-variance inputs and large for "
+              "small ones.",
+              _layer_norm_cases, _verify_layer_norm),
+        _part("dropout",
+              "inverted dropout scales the survivors by 1/(1 - p) (errata 3.4)",
+              "In training each entry survives with probability 1 - p; to keep the expected value of the output "
+              "equal to the input, divide the survivors by 1 - p. At evaluation dropout is the identity. Watch "
+              "out for p = 1.",
+              _dropout_cases, _verify_dropout, _run_dropout),
+        _part("attention_sublayer",
+              "the residual connection adds the sub-layer's input, not a projected tensor (errata 0.14)",
+              "The residual path carries the sub-layer's input x unchanged around the attention: LayerNorm(x + "
+              "attention(x)). Which tensor does the name q hold by the time it is added?",
+              _sublayer_cases, _verify_sublayer),
+        _part("causal_self_attention",
+              "a decoder position attends only to itself and earlier positions (errata 1.11)",
+              "Block the scores of keys j > i before the softmax (a lower-triangular boolean mask, e.g. "
+              "torch.ones(L, L, dtype=torch.bool).tril()). Every row keeps its diagonal, so no row is fully masked.",
+              _causal_cases, _verify_causal, _run_causal),
+    ),
+)

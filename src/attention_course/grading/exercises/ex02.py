@@ -1,0 +1,355 @@
+"""Exercise 02, hard and soft attention: the checks behind ``exercises/ex02_hard_and_soft_attention.ipynb``.
+
+The learner builds chapter 02's core with the course's row convention (``X`` holds one token per row):
+hard (one-hot argmax) weights, soft weights with an inverse temperature β, attention pooling
+``h = a X``, self-attention without projections, and a measure of permutation equivariance.
+
+References are PyTorch's own functions, computed in float64 in the checking process; properties (rows
+sum to one, non-negative weights, one-hot rows, equivariance) give the specific messages.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    non_negative_problem,
+    row_name,
+    rows_sum_problem,
+    scalar_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
+    """A random permutation of n >= 3 items that is not its own inverse (so p and p⁻¹ cannot be confused)."""
+    while True:
+        perm = torch.randperm(n, generator=g)
+        if not torch.equal(perm[perm], torch.arange(n)):
+            return perm
+
+
+# --- part 1: hard attention weights --------------------------------------------------------------------
+def _hard_cases(g: torch.Generator) -> list[Case]:
+    ties = _randn(g, 4, 6)
+    for row in range(4):  # two equal maxima per row, at random keys i < j: the first one must win
+        i, j = sorted(torch.randperm(6, generator=g)[:2].tolist())
+        ties[row, i] = ties[row, j] = ties[row].max() + 1.0
+    return [
+        Case("a vector of 6 scores", (_randn(g, 6),)),
+        Case("scores of shape (4, 7): one row per query", (_randn(g, 4, 7),)),
+        Case("scores of shape (2, 3, 5): any leading dimensions", (_randn(g, 2, 3, 5),)),
+        Case("ties: two equal highest scores in a row (the first one wins)", (ties,)),
+        Case("all scores negative", (-_randn(g, 3, 5).abs() - 1.0,)),
+        Case("large scores (about 1e4)", (_randn(g, 3, 6, scale=1e4),)),
+        Case("a single key per row, shape (3, 1)", (_randn(g, 3, 1),)),
+    ]
+
+
+def _verify_hard(case: Case, output: Any) -> str | None:
+    scores = case.args[0]
+    if isinstance(output, torch.Tensor) and output.shape == scores.shape[:-1] and not output.is_floating_point():
+        return (f"expected one-hot weights of shape {tuple(scores.shape)}, got indices of shape "
+                f"{tuple(output.shape)}: turn the argmax index into a one-hot vector")
+    problem = tensor_problem(output, "your weights", scores.shape)
+    if problem:
+        return problem
+    rows = output.reshape(-1, scores.shape[-1]).to(torch.float64)
+    winners = scores.reshape(-1, scores.shape[-1]).argmax(dim=-1)  # torch.argmax returns the first maximum
+    for r in range(rows.shape[0]):
+        index = list(torch.unravel_index(torch.tensor(r), scores.shape[:-1])) if scores.dim() > 1 else []
+        name = row_name(index) if index else "the weight vector"
+        row = rows[r]
+        if not bool(((row == 0) | (row == 1)).all()):
+            bad = float(row[(row != 0) & (row != 1)][0])
+            return f"{name} of your weights has the entry {fmt(bad)}; hard attention weights are 0 or 1"
+        ones = int(row.sum())
+        if ones != 1:
+            return f"{name} of your weights has {ones} ones; hard attention picks exactly one key"
+        chosen, best = int(row.argmax()), int(winners[r])
+        if chosen != best:
+            return f"{name} of your weights picks key {chosen}, but the first highest score is at key {best}"
+    return None
+
+
+# --- part 2: soft attention weights --------------------------------------------------------------------
+def _soft_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("scores (5, 8), beta = 1", (_randn(g, 5, 8),), {"beta": 1.0}),
+        Case("scores (2, 3, 6), beta = 2.5", (_randn(g, 2, 3, 6),), {"beta": 2.5}),
+        Case("a vector of 7 scores, beta = 0.5", (_randn(g, 7),), {"beta": 0.5}),
+        Case("beta = 0 gives uniform weights", (_randn(g, 4, 5),), {"beta": 0.0}),
+        Case("beta = 50 is close to hard attention", (_randn(g, 4, 6, scale=3.0),), {"beta": 50.0},
+             {"stability": True}),
+        Case("scores around +1e4 (overflow test)", (1e4 + _randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
+        Case("scores around -1e4 (underflow test)", (-1e4 + _randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
+        Case("float64 scores keep their dtype", (_randn(g, 3, 4, dtype=torch.float64),), {"beta": 1.5}),
+    ]
+
+
+def _verify_soft(case: Case, output: Any) -> str | None:
+    scores, beta = case.args[0], case.kwargs["beta"]
+    expected = torch.softmax(scores.to(torch.float64) * beta, dim=-1)
+    stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
+
+    def finite() -> str | None:
+        problem = finite_problem(output, "your weights")
+        return problem + stability if problem else None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your weights", scores.shape),
+        lambda: None if output.dtype == scores.dtype else
+        f"expected dtype {scores.dtype} (the dtype of the scores), got {output.dtype}",
+        finite,
+        lambda: non_negative_problem(output),
+        lambda: rows_sum_problem(output),
+        lambda: close_problem(output, expected, "your weights", "softmax(beta * scores)"),
+    )
+
+
+# --- part 3: attention pooling -------------------------------------------------------------------------
+def _pooling_cases(g: torch.Generator) -> list[Case]:
+    def soft(*shape: int) -> torch.Tensor:
+        return torch.softmax(_randn(g, *shape), dim=-1)
+
+    one_hot_keys = torch.tensor([3, 0, 4])
+    one_hot = torch.nn.functional.one_hot(one_hot_keys, 5).to(torch.float32)
+    return [
+        Case("X (5, 3) and one query's weights (1, 5)", (_randn(g, 5, 3), soft(1, 5))),
+        Case("X (6, 4) and weights (3, 6)", (_randn(g, 6, 4), soft(3, 6))),
+        Case("a batch: X (2, 5, 3) and weights (2, 4, 5)", (_randn(g, 2, 5, 3), soft(2, 4, 5))),
+        Case("one-hot weights pick rows of X", (_randn(g, 5, 2), one_hot), data={"picks": one_hot_keys}),
+        Case("uniform weights give the mean of the rows", (_randn(g, 4, 3), torch.full((2, 4), 0.25)),
+             data={"mean": True}),
+    ]
+
+
+def _verify_pooling(case: Case, output: Any) -> str | None:
+    X, weights = case.args
+    expected = torch.matmul(weights.to(torch.float64), X.to(torch.float64))
+
+    def picks() -> str | None:
+        for query, key in enumerate(case.data.get("picks", torch.tensor([])).tolist()):
+            if not torch.allclose(output[query].to(torch.float64), expected[query], atol=1e-5):
+                return f"with a one-hot weight on key {key}, output row {query} should equal row {key} of X"
+        return None
+
+    def mean() -> str | None:
+        if case.data.get("mean") and not torch.allclose(output.to(torch.float64), expected, atol=1e-5):
+            return "with uniform weights every output row should be the mean of the rows of X"
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+        picks,
+        mean,
+        lambda: close_problem(output, expected, "your output", "weights @ X"),
+    )
+
+
+# --- part 4: self-attention without projections --------------------------------------------------------
+def _self_attention_cases(g: torch.Generator) -> list[Case]:
+    permuted = _randn(g, 5, 3)
+    return [
+        Case("X (4, 3), beta = 1", (_randn(g, 4, 3),), {"beta": 1.0}),
+        Case("a batch: X (2, 5, 4), beta = 0.5", (_randn(g, 2, 5, 4),), {"beta": 0.5}),
+        Case("beta = 0: every output row is the mean of X", (_randn(g, 6, 2),), {"beta": 0.0}),
+        Case("large inputs: |x| about 100, scores about 1e4", (_randn(g, 4, 3, scale=100.0),), {"beta": 1.0},
+             {"stability": True}),
+        Case("a single token, X (1, 5)", (_randn(g, 1, 5),), {"beta": 1.0}),
+        Case("permuting the rows of X permutes the output", (permuted,), {"beta": 1.0},
+             {"perm": _permutation(g, 5)}),
+    ]
+
+
+def _run_self_attention(obj: Any, case: Case) -> Any:
+    if "perm" not in case.data:
+        return call_function(obj, case)
+    (X,), kwargs = case.fresh_args()
+    return obj(X.clone(), **kwargs), obj(X[case.data["perm"]].clone(), **kwargs)
+
+
+def _self_attention_reference(X: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    X = X.to(torch.float64)
+    weights = torch.softmax(beta * torch.matmul(X, X.transpose(-2, -1)), dim=-1)
+    return torch.matmul(weights, X), weights
+
+
+def _pair_problem(pair: Any, X: torch.Tensor) -> str | None:
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        return f"expected a tuple (output, weights), got {type(pair).__name__}"
+    t = X.shape[-2]
+    return first_problem(
+        lambda: tensor_problem(pair[0], "your output", X.shape),
+        lambda: tensor_problem(pair[1], "your weights", (*X.shape[:-1], t)),
+    )
+
+
+def _verify_self_attention(case: Case, output: Any) -> str | None:
+    X, beta = case.args[0], case.kwargs["beta"]
+    expected_out, expected_w = _self_attention_reference(X, beta)
+    if "perm" in case.data:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "expected your function to return a tuple (output, weights)"
+        perm = case.data["perm"]
+        plain, permuted = output
+        problem = _pair_problem(plain, X) or _pair_problem(permuted, X)
+        if problem:
+            return problem
+        gap = (permuted[0].to(torch.float64) - plain[0].to(torch.float64)[perm]).abs().max()
+        if not gap <= 1e-4:
+            return (f"permuting the rows of X by {perm.tolist()} should permute the output rows the same way, "
+                    f"but they differ by up to {fmt(float(gap))}")
+        output = plain
+    stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
+
+    def finite() -> str | None:
+        problem = finite_problem(output[1], "your weights") or finite_problem(output[0], "your output")
+        return problem + stability if problem else None
+
+    return first_problem(
+        lambda: _pair_problem(output, X),
+        finite,
+        lambda: non_negative_problem(output[1]),
+        lambda: rows_sum_problem(output[1]),
+        lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * X Xᵀ)"),
+        lambda: close_problem(output[0], expected_out, "your output", "weights @ X", atol=1e-4),
+    )
+
+
+# --- part 5: measuring permutation equivariance --------------------------------------------------------
+def _self_attention_map(X: torch.Tensor) -> torch.Tensor:
+    """Equivariant: self-attention without projections, beta = 1."""
+    return torch.softmax(X @ X.transpose(-2, -1), dim=-1) @ X
+
+
+def _row_wise_map(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Equivariant: the same map applied to every row on its own."""
+    return torch.tanh(X @ W)
+
+
+def _centre_rows(X: torch.Tensor) -> torch.Tensor:
+    """Equivariant: subtract the mean of all rows (a set statistic)."""
+    return X - X.mean(dim=-2, keepdim=True)
+
+
+def _running_sum(X: torch.Tensor) -> torch.Tensor:
+    """Not equivariant: row i sums rows 0..i, so it depends on the order."""
+    return torch.cumsum(X, dim=-2)
+
+
+def _add_positions(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """Not equivariant: adds a different vector to each position."""
+    return X + P
+
+
+def _equivariance_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, f: Any, t: int, d: int) -> Case:
+        return Case(name, (f, _randn(g, t, d), _permutation(g, t)))
+
+    return [
+        case("f = self-attention (equivariant)", _self_attention_map, 5, 3),
+        case("f = the same map on every row (equivariant)", functools.partial(_row_wise_map, W=_randn(g, 4, 2)), 6, 4),
+        case("f = subtract the mean row (equivariant)", _centre_rows, 4, 3),
+        case("f = running sum over positions (not equivariant)", _running_sum, 5, 2),
+        case("f = add a vector per position (not equivariant)",
+             functools.partial(_add_positions, P=_randn(g, 6, 3)), 6, 3),
+    ]
+
+
+def _verify_equivariance(case: Case, output: Any) -> str | None:
+    f, X, perm = case.args
+    expected = float((f(X[perm]).to(torch.float64) - f(X).to(torch.float64)[perm]).abs().max())
+    problem = scalar_problem(output, "your gap")
+    if problem:
+        return problem
+    gap = float(output)
+    if not abs(gap - expected) <= 1e-4 + 1e-3 * expected:
+        kind = "is" if expected < 1e-4 else "is not"
+        return (f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
+                f"{fmt(expected)} (this f {kind} permutation equivariant)")
+    return None
+
+
+EXERCISE = Exercise(
+    id="ex02",
+    title="Hard and soft attention",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="hard_attention_weights",
+            function="hard_attention_weights",
+            points=1,
+            summary="one-hot weights on the highest score of each row (argmax)",
+            hint="torch.argmax(scores, dim=-1) gives the index of the highest score in each row (the first one "
+                 "when there are ties). torch.nn.functional.one_hot turns indices into one-hot vectors; convert "
+                 "the result to the dtype of the scores with .to(scores.dtype).",
+            make_cases=_hard_cases,
+            verify=_verify_hard,
+        ),
+        Part(
+            name="soft_attention_weights",
+            function="soft_attention_weights",
+            points=2,
+            summary="softmax(beta * scores) over the last dimension, stable for large scores",
+            hint="exp(beta * s_j) / sum_k exp(beta * s_k) does not change when you subtract the same number from "
+                 "every beta * s_j. Subtract the row maximum (keepdim=True) first: the largest exponent is then "
+                 "exp(0) = 1, so nothing overflows and the denominator is at least 1.",
+            make_cases=_soft_cases,
+            verify=_verify_soft,
+        ),
+        Part(
+            name="attention_pooling",
+            function="attention_pooling",
+            points=1,
+            summary="h = a X for each row a of the weights: weights @ X",
+            hint="With one token per row of X, the pooled vector for weights a is sum_i a_i x_i, which is the "
+                 "row vector a @ X. Stacking one weight row per query gives weights @ X; torch.matmul handles "
+                 "the leading batch dimensions.",
+            make_cases=_pooling_cases,
+            verify=_verify_pooling,
+        ),
+        Part(
+            name="self_attention_no_projections",
+            function="self_attention_no_projections",
+            points=2,
+            summary="scores X Xᵀ, weights softmax(beta * scores), output weights @ X",
+            hint="The scores of all pairs are X @ X.transpose(-2, -1), shape (..., t, t): row i compares token i "
+                 "with every token. Use your soft_attention_weights on beta times the scores (a softmax over the "
+                 "keys, the last dimension), then your attention_pooling.",
+            make_cases=_self_attention_cases,
+            verify=_verify_self_attention,
+            run=_run_self_attention,
+        ),
+        Part(
+            name="equivariance_gap",
+            function="equivariance_gap",
+            points=2,
+            summary="the largest |f(X[perm]) - f(X)[perm]|: zero when f is permutation equivariant",
+            hint="X[perm] reorders the rows (tokens) of X. Compute f(X[perm]) and f(X)[perm] (apply the same "
+                 "reordering to the output rows), then the largest absolute difference, as a Python float.",
+            make_cases=_equivariance_cases,
+            verify=_verify_equivariance,
+        ),
+    ),
+)

@@ -1,0 +1,453 @@
+"""Exercise 04, queries, keys and values: the checks behind ``exercises/ex04_queries_keys_values.ipynb``.
+
+The learner builds chapter 04's core in the course's row convention (one token per row): the three
+projections Q = X W_Q, K = X W_K, V = X W_V (with a clear error when W_Q and W_K disagree on d_k), the same
+three from one fused matrix, one query's output step by step, all outputs in matrix form, and
+cross-attention with queries and keys/values from two different sequences.
+
+References are computed in float64 in the checking process with PyTorch (``torch.matmul``,
+``F.scaled_dot_product_attention``); properties (shapes, rows summing to one, the softmax axis, the
+1/√d_k factor, invariance to reordering the source) give the specific messages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    fmt_shape,
+    non_negative_problem,
+    rows_sum_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
+    """A random permutation of n >= 2 items that is not the identity (so reordering is really tested)."""
+    while True:
+        perm = torch.randperm(n, generator=g)
+        if not torch.equal(perm, torch.arange(n)):
+            return perm
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ · scale) v in float64; scale defaults to 1/√d_k. Returns (output, weights)."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    weights = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * scale, dim=-1)
+    return torch.matmul(weights, v), weights
+
+
+def _pair_problem(output: Any, first: str, second: str) -> str | None:
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        kind = f"a {type(output).__name__} of {len(output)} items" if isinstance(output, (tuple, list)) else \
+            type(output).__name__
+        return f"expected a tuple ({first}, {second}), got {kind}"
+    return None
+
+
+def _matches(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    return tuple(actual.shape) == tuple(expected.shape) and bool(
+        torch.allclose(_f64(actual), expected, atol=1e-5, rtol=1e-4))
+
+
+def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Recognise the usual wrong weights: no 1/√d_k, a division by d_k, or the softmax over the queries.
+
+    Silent when the weights are right (some cases cannot tell the mistakes apart, e.g. a single key).
+    """
+    scores = torch.matmul(_f64(q), _f64(k).transpose(-2, -1))
+    if _matches(weights, torch.softmax(scores / math.sqrt(q.shape[-1]), dim=-1)):
+        return None
+    d_k = q.shape[-1]
+    if _matches(weights, torch.softmax(scores, dim=-1)):
+        return f"your weights are softmax(q·k) without the factor 1/sqrt(d_k) (here d_k = {d_k})"
+    if _matches(weights, torch.softmax(scores / d_k, dim=-1)):
+        return f"your weights divide the scores by d_k = {d_k}; divide by sqrt(d_k) instead"
+    if scores.dim() >= 2 and scores.shape[-1] == scores.shape[-2] and scores.shape[-1] > 1 and _matches(
+            weights, torch.softmax(scores / math.sqrt(d_k), dim=-2)):
+        return "your softmax runs over the queries (dim=-2); each query's weights over the keys must sum to one " \
+               "(dim=-1)"
+    return None
+
+
+# --- part 1: the three projections ---------------------------------------------------------------------
+def _projection_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, x_shape: tuple[int, ...], d_k: int, d_v: int, d_k_key: int | None = None,
+             w_rows: int | None = None, error: str | None = None) -> Case:
+        d_model = x_shape[-1]
+        rows = w_rows or d_model
+        return Case(
+            name,
+            (_randn(g, *x_shape), _randn(g, rows, d_k), _randn(g, rows, d_k_key or d_k), _randn(g, rows, d_v)),
+            data={"error": error} if error else {},
+        )
+
+    return [
+        case("X (5, 6), d_k = d_v = 4", (5, 6), 4, 4),
+        case("a batch X (2, 5, 6), d_k = 3, d_v = 7 (d_v may differ from d_k)", (2, 5, 6), 3, 7),
+        case("a single token X (1, 8), d_k = 2, d_v = 5", (1, 8), 2, 5),
+        case("W_Q (6, 4) but W_K (6, 5): must raise ValueError naming 4 and 5", (5, 6), 4, 3, d_k_key=5,
+             error="dk"),
+        case("X has 6 features but the weights have 8 rows: must raise ValueError naming 6 and 8", (4, 6), 4, 4,
+             w_rows=8, error="rows"),
+    ]
+
+
+def _run_expecting_error(obj: Any, case: Case) -> Any:
+    """Call the learner's function; for a case that must raise, report what was raised as plain data."""
+    if "error" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    try:
+        returned = obj(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # what was raised is the answer here; the verdict is given by verify
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"returned": returned}
+
+
+def _error_problem(output: Any, expected_numbers: tuple[int, int], why: str) -> str | None:
+    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
+        return "your output could not be read"
+    if "returned" in output:
+        return f"expected a ValueError because {why}, but your function returned normally"
+    kind, message = output["raised"], str(output.get("message", ""))
+    if kind != "ValueError":
+        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
+    missing = [str(n) for n in expected_numbers if str(n) not in message]
+    if missing:
+        return (f"your ValueError should name the offending sizes ({expected_numbers[0]} and {expected_numbers[1]}); "
+                f"its message is {message[:120]!r}")
+    return None
+
+
+def _verify_projection(case: Case, output: Any) -> str | None:
+    X, W_Q, W_K, W_V = case.args
+    if case.data.get("error") == "dk":
+        return _error_problem(output, (W_Q.shape[1], W_K.shape[1]),
+                              f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
+                              "queries and keys must share d_k")
+    if case.data.get("error") == "rows":
+        return _error_problem(output, (X.shape[-1], W_Q.shape[0]),
+                              f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows")
+    problem = first_problem(
+        lambda: None if isinstance(output, (tuple, list)) and len(output) == 3 else
+        "expected a tuple (Q, K, V) of 3 tensors",
+    )
+    if problem:
+        return problem
+    references = [torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V)]
+    for name, actual, expected, W in zip("QKV", output, references, (W_Q, W_K, W_V)):
+        problem = tensor_problem(actual, f"your {name}", expected.shape)
+        if problem and isinstance(actual, torch.Tensor) and tuple(actual.shape) == (*X.shape[:-2], W.shape[1],
+                                                                                     X.shape[-2]):
+            return problem + f": did you compute (X W_{name})ᵀ or W_{name}ᵀ Xᵀ? Rows are tokens: X @ W_{name}"
+        problem = problem or close_problem(actual, expected, f"your {name}", f"X @ W_{name}")
+        if problem:
+            return problem
+    return None
+
+
+# --- part 2: one fused projection, split ---------------------------------------------------------------
+def _fused_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, x_shape: tuple[int, ...], d_k: int, d_v: int) -> Case:
+        return Case(name, (_randn(g, *x_shape), _randn(g, x_shape[-1], 2 * d_k + d_v)), {"d_k": d_k})
+
+    return [
+        case("X (5, 8), d_k = d_v = 4: W_qkv (8, 12)", (5, 8), 4, 4),
+        case("X (4, 6), d_k = 2, d_v = 5: W_qkv (6, 9), not three equal parts", (4, 6), 2, 5),
+        case("a batch X (2, 3, 6), d_k = 3, d_v = 1", (2, 3, 6), 3, 1),
+        case("d_k = 1, d_v = 6", (3, 4), 1, 6),
+    ]
+
+
+def _verify_fused(case: Case, output: Any) -> str | None:
+    X, W_qkv = case.args
+    d_k = case.kwargs["d_k"]
+    d_v = W_qkv.shape[1] - 2 * d_k
+    if not isinstance(output, (tuple, list)) or len(output) != 3:
+        return "expected a tuple (Q, K, V) of 3 tensors"
+    blocks = (W_qkv[:, :d_k], W_qkv[:, d_k:2 * d_k], W_qkv[:, 2 * d_k:])
+    for name, actual, W, width in zip("QKV", output, blocks, (d_k, d_k, d_v)):
+        expected = torch.matmul(_f64(X), _f64(W))
+        if isinstance(actual, torch.Tensor) and actual.shape[:-1] == expected.shape[:-1] and \
+                actual.shape[-1] != width and d_v != d_k:
+            return (f"your {name} has {actual.shape[-1]} columns, expected {width}: W_qkv = [W_Q | W_K | W_V] "
+                    f"has 2 d_k + d_v = {W_qkv.shape[1]} columns, so split it into sizes "
+                    f"[{d_k}, {d_k}, {d_v}] (equal thirds only work when d_v = d_k)")
+        problem = tensor_problem(actual, f"your {name}", expected.shape) or close_problem(
+            actual, expected, f"your {name}", f"X @ W_qkv[:, {name} columns]")
+        if problem:
+            return problem
+    return None
+
+
+# --- part 3: one query, step by step -------------------------------------------------------------------
+def _one_query_cases(g: torch.Generator) -> list[Case]:
+    same_key = _randn(g, 1, 3).expand(4, 3).clone()
+    return [
+        Case("q (4,), K (5, 4), V (5, 3)", (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 3))),
+        Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", (_randn(g, 64), _randn(g, 6, 64), _randn(g, 6, 2))),
+        Case("a single key: its weight is 1 and the output is its value",
+             (_randn(g, 3), _randn(g, 1, 3), _randn(g, 1, 4))),
+        Case("all keys equal: uniform weights, the output is the mean value",
+             (_randn(g, 3), same_key, _randn(g, 4, 5)), data={"uniform": True}),
+        Case("large scores (about 1e4): no overflow", (_randn(g, 4, scale=80.0), _randn(g, 5, 4, scale=80.0),
+                                                       _randn(g, 5, 2))),
+    ]
+
+
+def _verify_one_query(case: Case, output: Any) -> str | None:
+    q, K, V = case.args
+    expected_out, expected_w = _reference_attention(q.unsqueeze(0), K, V)
+    expected_out, expected_w = expected_out[0], expected_w[0]
+    problem = _pair_problem(output, "output", "weights")
+    if problem:
+        return problem
+    out, w = output
+
+    def uniform() -> str | None:
+        if case.data.get("uniform") and not torch.allclose(_f64(out), _f64(V).mean(0), atol=1e-5):
+            return "with all keys equal every weight is 1/L, so the output must be the mean of the values"
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(w, "your weights", expected_w.shape),
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        lambda: finite_problem(w, "your weights", by_rows=False),
+        lambda: finite_problem(out, "your output", by_rows=False),
+        lambda: non_negative_problem(w),
+        lambda: None if abs(float(w.double().sum()) - 1) <= 1e-4 else
+        f"your weights sum to {fmt(float(w.double().sum()))} instead of 1",
+        lambda: _weights_diagnosis(w, q, K),
+        lambda: close_problem(w, expected_w, "your weights", "softmax(K q / sqrt(d_k))"),
+        uniform,
+        lambda: close_problem(out, expected_out, "your output", "sum_j weights[j] * V[j]"),
+    )
+
+
+# --- part 4: the matrix form ---------------------------------------------------------------------------
+def _matrix_cases(g: torch.Generator) -> list[Case]:
+    def qkv(lead: tuple[int, ...], lq: int, lk: int, d_k: int, d_v: int, scale: float = 1.0) -> tuple:
+        return (_randn(g, *lead, lq, d_k, scale=scale), _randn(g, *lead, lk, d_k, scale=scale),
+                _randn(g, *lead, lk, d_v))
+
+    return [
+        Case("Q, K (4, 6), V (4, 3)", qkv((), 4, 4, 6, 3)),
+        Case("3 queries, 5 keys: Q (3, 4), K (5, 4), V (5, 2)", qkv((), 3, 5, 4, 2)),
+        Case("batch and head dimensions: Q, K, V (2, 3, 5, 8)", qkv((2, 3), 5, 5, 8, 8)),
+        Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", qkv((), 5, 5, 64, 4)),
+        Case("a single query: Q (1, 4), K (6, 4), V (6, 4)", qkv((), 1, 6, 4, 4)),
+        Case("large scores (about 1e4): no overflow", qkv((2,), 3, 4, 4, 3, scale=80.0)),
+    ]
+
+
+def _verify_matrix(case: Case, output: Any) -> str | None:
+    Q, K, V = case.args
+    expected_out, expected_w = _reference_attention(Q, K, V)
+    torch_out = F.scaled_dot_product_attention(_f64(Q), _f64(K), _f64(V))
+    problem = _pair_problem(output, "output", "weights")
+    if problem:
+        return problem
+    out, w = output
+
+    def shape_hint() -> str | None:
+        if isinstance(w, torch.Tensor) and tuple(w.shape) == tuple(expected_w.shape[:-2]) + tuple(
+                reversed(expected_w.shape[-2:])) and expected_w.shape[-1] != expected_w.shape[-2]:
+            return (f"your weights have shape {fmt_shape(w.shape)}, expected {fmt_shape(expected_w.shape)}: one row "
+                    "per query and one column per key, scores = Q @ K.transpose(-2, -1)")
+        return None
+
+    return first_problem(
+        shape_hint,
+        lambda: tensor_problem(w, "your weights", expected_w.shape),
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        lambda: finite_problem(w, "your weights"),
+        lambda: finite_problem(out, "your output"),
+        lambda: non_negative_problem(w),
+        lambda: _weights_diagnosis(w, Q, K),
+        lambda: rows_sum_problem(w),
+        lambda: close_problem(w, expected_w, "your weights", "softmax(Q Kᵀ / sqrt(d_k))"),
+        lambda: close_problem(out, torch_out, "your output", "F.scaled_dot_product_attention"),
+    )
+
+
+# --- part 5: cross-attention ---------------------------------------------------------------------------
+def _cross_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, lead: tuple[int, ...], lq: int, lk: int, d_q: int, d_kv: int, d_k: int, d_v: int,
+             data: dict[str, Any] | None = None, same: bool = False) -> Case:
+        X_q = _randn(g, *lead, lq, d_q)
+        X_kv = X_q.clone() if same else _randn(g, *lead, lk, d_kv)
+        weights = (_randn(g, d_q, d_k, scale=d_q ** -0.5), _randn(g, d_kv, d_k, scale=d_kv ** -0.5),
+                   _randn(g, d_kv, d_v, scale=d_kv ** -0.5))
+        return Case(name, (X_q, X_kv, *weights), data=data or {})
+
+    return [
+        case("self-attention: X_q = X_kv, (5, 6)", (), 5, 5, 6, 6, 4, 4, same=True),
+        case("cross-attention: 3 target queries, 7 source tokens, width 6", (), 3, 7, 6, 6, 4, 5),
+        case("decoder width 6, encoder width 10: W_Q (6, 4), W_K (10, 4), W_V (10, 3)", (), 4, 6, 6, 10, 4, 3),
+        case("a batch: X_q (2, 5, 8), X_kv (2, 3, 8)", (2,), 5, 3, 8, 8, 8, 8),
+        case("reordering the source tokens leaves every output unchanged", (), 4, 6, 5, 5, 3, 3,
+             data={"perm_kv": _permutation(g, 6)}),
+        case("reordering the target tokens reorders the outputs", (), 5, 4, 5, 5, 3, 3,
+             data={"perm_q": _permutation(g, 5)}),
+    ]
+
+
+def _run_cross(obj: Any, case: Case) -> Any:
+    if "perm_kv" not in case.data and "perm_q" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    X_q, X_kv, *weights = args
+    plain = obj(X_q.clone(), X_kv.clone(), *weights, **kwargs)
+    if "perm_kv" in case.data:
+        return plain, obj(X_q.clone(), X_kv[case.data["perm_kv"]].clone(), *weights, **kwargs)
+    return plain, obj(X_q[case.data["perm_q"]].clone(), X_kv.clone(), *weights, **kwargs)
+
+
+def _verify_cross(case: Case, output: Any) -> str | None:
+    X_q, X_kv, W_Q, W_K, W_V = case.args
+    permuted = None
+    if "perm_kv" in case.data or "perm_q" in case.data:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "expected your function to return a tuple (output, weights)"
+        output, permuted = output
+    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for X, W in ((X_q, W_Q), (X_kv, W_K), (X_kv, W_V)))
+    expected_out, expected_w = _reference_attention(Q, K, V)
+    problem = _pair_problem(output, "output", "weights")
+    if problem:
+        return problem
+    out, w = output
+
+    def roles() -> str | None:
+        lq, lk = X_q.shape[-2], X_kv.shape[-2]
+        if isinstance(out, torch.Tensor) and lq != lk and out.dim() >= 2 and out.shape[-2] == lk:
+            return (f"your output has {lk} rows, one per source token; cross-attention gives one output per "
+                    f"query, and the queries come from X_q ({lq} rows: the target, decoder side)")
+        return None
+
+    def permutation() -> str | None:
+        if permuted is None:
+            return None
+        problem = _pair_problem(permuted, "output", "weights") or tensor_problem(
+            permuted[0], "your output", expected_out.shape)
+        if problem:
+            return problem
+        if "perm_kv" in case.data:
+            gap = float((_f64(permuted[0]) - _f64(out)).abs().max())
+            if not gap <= 1e-4:
+                return (f"reordering the source tokens (keys and values together) changed your output by up to "
+                        f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
+        else:
+            perm = case.data["perm_q"]
+            gap = float((_f64(permuted[0]) - _f64(out)[perm]).abs().max())
+            if not gap <= 1e-4:
+                return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
+                        f"way, but they differ by up to {fmt(gap)}")
+        return None
+
+    return first_problem(
+        roles,
+        lambda: tensor_problem(w, "your weights", expected_w.shape),
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        lambda: finite_problem(out, "your output"),
+        lambda: rows_sum_problem(w),
+        lambda: _weights_diagnosis(w, Q, K),
+        lambda: close_problem(w, expected_w, "your weights", "softmax((X_q W_Q)(X_kv W_K)ᵀ / sqrt(d_k))"),
+        lambda: close_problem(out, expected_out, "your output", "weights @ (X_kv W_V)"),
+        permutation,
+    )
+
+
+EXERCISE = Exercise(
+    id="ex04",
+    title="Queries, keys and values",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="project_qkv",
+            function="project_qkv",
+            points=1,
+            summary="Q = X W_Q, K = X W_K, V = X W_V, with a ValueError when the sizes do not fit",
+            hint="With one token per row, each projection is a matrix product on the right: X @ W_Q "
+                 "(torch.matmul handles leading batch dimensions). Before multiplying, compare W_Q.shape[1] with "
+                 "W_K.shape[1] and X.shape[-1] with the number of rows of each weight matrix, and raise "
+                 "ValueError(f'...{a}...{b}...') with both numbers in the message.",
+            make_cases=_projection_cases,
+            verify=_verify_projection,
+            run=_run_expecting_error,
+        ),
+        Part(
+            name="split_fused_projection",
+            function="split_fused_projection",
+            points=1,
+            summary="one product X @ W_qkv, split into Q, K (d_k columns each) and V (the rest)",
+            hint="Compute QKV = X @ W_qkv once, then QKV.split([d_k, d_k, d_v], dim=-1) with "
+                 "d_v = W_qkv.shape[-1] - 2 * d_k. chunk(3) only works when d_v happens to equal d_k.",
+            make_cases=_fused_cases,
+            verify=_verify_fused,
+        ),
+        Part(
+            name="attend_one_query",
+            function="attend_one_query",
+            points=2,
+            summary="scores K q / sqrt(d_k), softmax over the keys, output sum_j a_j v_j",
+            hint="The scores are one number per key: K @ q (shape (L,)), divided by math.sqrt(d_k) with "
+                 "d_k = q.shape[-1]. torch.softmax(scores, dim=-1) gives the weights. The output is the weighted "
+                 "sum of the rows of V, weights @ V: the values of the keys, v_j, not the query's own value.",
+            make_cases=_one_query_cases,
+            verify=_verify_one_query,
+        ),
+        Part(
+            name="attention_matrix_form",
+            function="attention_matrix_form",
+            points=2,
+            summary="softmax(Q Kᵀ / sqrt(d_k)) V for all queries at once, any leading batch dimensions",
+            hint="scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]) has shape (..., Lq, Lk): one row per "
+                 "query. Take the softmax over the keys (dim=-1), then weights @ V. Avoid K.T, which reverses all "
+                 "dimensions of a batched tensor.",
+            make_cases=_matrix_cases,
+            verify=_verify_matrix,
+        ),
+        Part(
+            name="cross_attention",
+            function="cross_attention",
+            points=2,
+            summary="queries from X_q, keys and values from X_kv; output (..., Lq, d_v), weights (..., Lq, Lk)",
+            hint="Project the queries from X_q (X_q @ W_Q) and the keys and values from X_kv (X_kv @ W_K, "
+                 "X_kv @ W_V), then reuse attention_matrix_form. There is one output per query, so the output "
+                 "has the length of X_q, whatever the length of X_kv.",
+            make_cases=_cross_cases,
+            verify=_verify_cross,
+            run=_run_cross,
+        ),
+    ),
+)

@@ -1,0 +1,497 @@
+"""Exercise 05, scaling and masking: the checks behind ``exercises/ex05_scaling_and_masking.ipynb``.
+
+The learner builds chapter 05's core in the course's convention (boolean masks, **True = may attend**):
+scaled scores Q Kᵀ / √d_k, a masked softmax that gives zero weights (never NaN) to a query with no allowed
+key, scaled dot-product attention with a mask, causal self-attention (the causal mask), and causal
+self-attention over a padded batch (causal and padding masks combined).
+
+References are computed in float64 in the checking process from PyTorch (``torch.softmax`` over the allowed
+keys, ``F.scaled_dot_product_attention``); properties (blocked keys get zero weight, rows sum to one,
+fully masked rows are zero and finite, gradients stay finite, no leakage from the future, padding changes
+nothing for real tokens) give the specific messages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    row_name,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torch.Tensor:
+    """A random boolean mask (True = may attend); with ``keep_one`` every row allows at least one key."""
+    mask = torch.rand(*shape, generator=g) > 0.4
+    if keep_one:
+        rows = mask.reshape(-1, shape[-1])
+        first = torch.randint(shape[-1], (rows.shape[0],), generator=g)
+        rows[torch.arange(rows.shape[0]), first] = True
+    return mask
+
+
+def _reference_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the allowed keys in float64; rows with no allowed key are all zeros."""
+    scores = _f64(scores)
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    mask = mask.expand(scores.shape)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.nan_to_num(weights, nan=0.0)  # a fully masked row is 0/0 = NaN before this line
+
+
+# --- part 1: scaled scores ----------------------------------------------------------------------------
+def _scores_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("Q (4, 8), K (6, 8)", (_randn(g, 4, 8), _randn(g, 6, 8))),
+        Case("batch and head dimensions: Q (2, 3, 5, 16), K (2, 3, 7, 16)", (_randn(g, 2, 3, 5, 16),
+                                                                               _randn(g, 2, 3, 7, 16))),
+        Case("unit-variance Q and K with d_k = 256: the scaled scores have variance about 1",
+             (_randn(g, 64, 256), _randn(g, 64, 256)), data={"variance": True}),
+        Case("d_k = 1", (_randn(g, 3, 1), _randn(g, 4, 1))),
+    ]
+
+
+def _verify_scores(case: Case, output: Any) -> str | None:
+    Q, K = case.args
+    raw = torch.matmul(_f64(Q), _f64(K).transpose(-2, -1))
+    d_k = Q.shape[-1]
+    expected = raw / math.sqrt(d_k)
+    problem = tensor_problem(output, "your scores", expected.shape)
+    if problem:
+        if isinstance(output, torch.Tensor) and tuple(output.shape) == (*expected.shape[:-2], expected.shape[-1],
+                                                                        expected.shape[-2]):
+            return problem + ": one row per query and one column per key, Q @ K.transpose(-2, -1)"
+        return problem
+    actual = _f64(output)
+    if not torch.allclose(actual, expected, atol=1e-5, rtol=1e-4) and d_k > 1:
+        variance = f" (their variance is {fmt(float(actual.var()))})" if case.data.get("variance") else ""
+        if torch.allclose(actual, raw, atol=1e-4, rtol=1e-4):
+            return f"your scores are Q Kᵀ without the factor 1/sqrt(d_k){variance}; divide by sqrt({d_k})"
+        if torch.allclose(actual, raw / d_k, atol=1e-5, rtol=1e-4):
+            return f"your scores are divided by d_k = {d_k}{variance}; divide by sqrt(d_k) instead"
+    if case.data.get("variance"):
+        variance = float(actual.var())
+        if not 0.8 < variance < 1.25:
+            return f"with unit-variance inputs your scores have variance {fmt(variance)}; scaled scores have about 1"
+    return close_problem(output, expected, "your scores", "Q Kᵀ / sqrt(d_k)")
+
+
+# --- part 2: the masked softmax ------------------------------------------------------------------------
+def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
+    fully = _random_mask(g, 4, 5)
+    fully[2] = False
+    left_pad = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    left_pad[1, ..., :2] = False
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    return [
+        Case("scores (4, 6) with a random mask", (_randn(g, 4, 6), _random_mask(g, 4, 6))),
+        Case("a causal mask (5, 5) shared by a batch of scores (2, 5, 5)", (_randn(g, 2, 5, 5), causal)),
+        Case("a padding mask (2, 1, 1, 6) for scores (2, 3, 4, 6)",
+             (_randn(g, 2, 3, 4, 6), _random_mask(g, 2, 1, 1, 6))),
+        Case("row 2 has no allowed key: its weights must be all zero, not NaN", (_randn(g, 4, 5), fully),
+             data={"empty": True}),
+        Case("left padding and a causal mask: the first rows of batch item 1 see nothing",
+             (_randn(g, 2, 5, 5), causal & left_pad[:, 0]), data={"empty": True}),
+        Case("scores around 1e4 (stability)", (1e4 + _randn(g, 3, 6), _random_mask(g, 3, 6))),
+        Case("float64 scores keep their dtype", (_randn(g, 3, 4, dtype=torch.float64), _random_mask(g, 3, 4))),
+        Case("mask=None: a plain softmax", (_randn(g, 3, 5), None)),
+    ]
+
+
+def _weights_problem(weights: Any, scores: torch.Tensor, mask: torch.Tensor | None, what: str = "your weights",
+                     reference: str = "the softmax over the allowed keys") -> str | None:
+    """Everything a masked weight tensor must satisfy, with a specific message for each usual mistake."""
+    expected = _reference_weights(scores, mask)
+    problem = tensor_problem(weights, what, expected.shape)
+    if problem:
+        return problem
+    allowed = torch.ones_like(expected, dtype=torch.bool) if mask is None else mask.expand(expected.shape)
+    has_key = allowed.any(dim=-1)
+    nan_rows = torch.isnan(weights).any(dim=-1)
+    if (nan_rows & ~has_key).any():
+        index = (nan_rows & ~has_key).nonzero()[0].tolist()
+        return (f"{row_name(index)} of {what} is NaN: that query has no allowed key, and masking with -inf gives "
+                "0/0. Fill blocked scores with a finite number (torch.finfo(scores.dtype).min) and set such rows "
+                "to zero")
+    problem = finite_problem(weights, what)
+    if problem:
+        return problem
+    w = _f64(weights)
+    if mask is not None and not allowed.all():
+        # Compare on the rows where both the mask and its inverse allow some key (the others are ambiguous).
+        inverted_allowed = ~allowed
+        both = has_key & inverted_allowed.any(dim=-1)
+        inverted = _reference_weights(scores, ~mask)
+        if both.any() and torch.allclose(w[both], inverted[both], atol=1e-5) and not torch.allclose(
+                w[both], expected[both], atol=1e-5):
+            return f"{what} follow the inverted mask: in this course True means 'may attend', False means blocked"
+    leaked = (w.abs() > 1e-6) & ~allowed
+    if leaked.any():
+        index = leaked.nonzero()[0].tolist()
+        if not has_key[tuple(index[:-1])]:
+            return (f"{row_name(index[:-1])} of {what} has no allowed key, so all its weights must be 0; "
+                    f"yours gives {fmt(float(w[tuple(index)]))} to key {index[-1]}")
+        return (f"{row_name(index[:-1])} of {what} gives weight {fmt(float(w[tuple(index)]))} to key {index[-1]}, "
+                "which the mask blocks (False = may not attend)")
+    sums = w.sum(dim=-1)
+    short = ((sums - 1).abs() > 1e-4) & has_key
+    if short.any():
+        index = short.nonzero()[0].tolist()
+        return (f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1: mask the "
+                "scores before the softmax (zeroing weights after it leaves rows that do not sum to one)")
+    if weights.dtype != scores.dtype:
+        return f"expected {what} to keep the dtype of the scores ({scores.dtype}), got {weights.dtype}"
+    return close_problem(weights, expected, what, reference)
+
+
+def _verify_masked_softmax(case: Case, output: Any) -> str | None:
+    scores, mask = case.args
+    return _weights_problem(output, scores, mask)
+
+
+# --- part 3: scaled dot-product attention with a mask --------------------------------------------------
+def _attention_cases(g: torch.Generator) -> list[Case]:
+    def qkv(*lead: int, lq: int, lk: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
+        return _randn(g, *lead, lq, d_k), _randn(g, *lead, lk, d_k), _randn(g, *lead, lk, d_v)
+
+    empty = _random_mask(g, 2, 4, 6)
+    empty[1, 3] = False
+    return [
+        Case("no mask: Q (4, 8), K (6, 8), V (6, 3)", qkv(lq=4, lk=6, d_k=8, d_v=3), {"mask": None}),
+        Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", qkv(lq=5, lk=5, d_k=64, d_v=4), {"mask": None}),
+        Case("a causal mask (5, 5) for a batch (2, 5, 8)", qkv(2, lq=5, lk=5, d_k=8, d_v=8),
+             {"mask": torch.ones(5, 5, dtype=torch.bool).tril()}),
+        Case("a padding mask (2, 1, 1, 6) for heads: Q (2, 3, 4, 8), K and V (2, 3, 6, 8)",
+             qkv(2, 3, lq=4, lk=6, d_k=8, d_v=8), {"mask": _random_mask(g, 2, 1, 1, 6)}),
+        Case("a query with no allowed key: zero weights and a zero output", qkv(2, lq=4, lk=6, d_k=4, d_v=5),
+             {"mask": empty}),
+        Case("gradients stay finite when a query has no allowed key", qkv(2, lq=4, lk=6, d_k=4, d_v=5),
+             {"mask": empty}, {"gradients": True}),
+    ]
+
+
+def _run_attention(obj: Any, case: Case) -> Any:
+    if not case.data.get("gradients"):
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    inputs = [t.clone().requires_grad_(True) for t in args]
+    output, _ = obj(*inputs, **kwargs)
+    output.sum().backward()
+    return tuple(None if t.grad is None else t.grad.detach() for t in inputs)
+
+
+def _verify_attention(case: Case, output: Any) -> str | None:
+    Q, K, V = case.args
+    mask = case.kwargs["mask"]
+    if case.data.get("gradients"):
+        if not isinstance(output, tuple) or len(output) != 3:
+            return "the gradients could not be computed: return (output, weights) with output a tensor"
+        for name, grad in zip(("query", "key", "value"), output):
+            if grad is None:
+                return f"no gradient reached the {name}: compute the output from Q, K and V with torch operations"
+            problem = finite_problem(grad, f"the gradient of the {name}")
+            if problem:
+                return problem + ": a fully masked row must not produce NaN anywhere, even in the backward pass"
+        return None
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return "expected a tuple (output, weights)"
+    out, weights = output
+    scores = torch.matmul(_f64(Q), _f64(K).transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+    expected_w = _reference_weights(scores, mask)
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and mask is None:
+        unscaled = torch.softmax(scores * math.sqrt(Q.shape[-1]), dim=-1)
+        if torch.allclose(_f64(weights), unscaled, atol=1e-5) and not torch.allclose(_f64(weights), expected_w,
+                                                                                      atol=1e-5):
+            return f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = {Q.shape[-1]})"
+    expected_out = torch.matmul(expected_w, _f64(V))
+    reference = F.scaled_dot_product_attention(_f64(Q), _f64(K), _f64(V), attn_mask=mask)
+    has_key = torch.ones(expected_w.shape[:-1], dtype=torch.bool) if mask is None else \
+        mask.expand(expected_w.shape).any(dim=-1)
+
+    def zero_rows() -> str | None:
+        if has_key.all():
+            return None
+        rows = _f64(out)[~has_key]
+        if not torch.equal(rows, torch.zeros_like(rows)):
+            index = (~has_key).nonzero()[0].tolist()
+            return f"the output of {row_name(index)} (a query with no allowed key) must be all zeros"
+        return None
+
+    return first_problem(
+        lambda: _weights_problem(weights, scores.to(Q.dtype), mask),
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        lambda: finite_problem(out, "your output"),
+        zero_rows,
+        lambda: close_problem(out, reference, "your output", "F.scaled_dot_product_attention"),
+    )
+
+
+# --- part 4: causal self-attention ---------------------------------------------------------------------
+def _causal_cases(g: torch.Generator) -> list[Case]:
+    def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
+        s = d_model ** -0.5
+        return _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_v, scale=s)
+
+    return [
+        Case("X (5, 6), d_k = 4, d_v = 3", (_randn(g, 5, 6), *weights(6, 4, 3))),
+        Case("a batch X (2, 4, 6)", (_randn(g, 2, 4, 6), *weights(6, 6, 6))),
+        Case("a single token: it can only attend to itself", (_randn(g, 1, 5), *weights(5, 3, 2))),
+        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3", (_randn(g, 2, 5, 6),
+                                                                                  *weights(6, 4, 3)),
+             data={"future": _randn(g, 2, 2, 6)}),
+    ]
+
+
+def _run_causal(obj: Any, case: Case) -> Any:
+    if "future" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    X, *weights = args
+    changed = X.clone()
+    changed[..., 3:, :] = case.data["future"]
+    return obj(X.clone(), *weights, **kwargs), obj(changed, *weights, **kwargs)
+
+
+def _verify_causal(case: Case, output: Any) -> str | None:
+    X, W_Q, W_K, W_V = case.args
+    changed = None
+    if "future" in case.data:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "your output could not be read"
+        output, changed = output
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return "expected a tuple (output, weights)"
+    out, weights = output
+    length = X.shape[-2]
+    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V))
+    scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    expected_w = _reference_weights(scores, causal)
+
+    def first_token() -> str | None:
+        if not torch.allclose(_f64(out)[..., 0, :], V[..., 0, :], atol=1e-5):
+            return "the first token can only attend to itself, so its output must equal its own value x_1 W_V"
+        return None
+
+    def leakage() -> str | None:
+        if changed is None:
+            return None
+        problem = _pair_problem(changed) or tensor_problem(changed[0], "your output", out.shape)
+        if problem:
+            return problem
+        gap = float((_f64(changed[0])[..., :3, :] - _f64(out)[..., :3, :]).abs().max())
+        if not gap <= 1e-5:
+            return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
+                    "leaks into the past (query i may only attend to keys j <= i)")
+        return None
+
+    def diagonal() -> str | None:
+        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and bool(
+                (torch.diagonal(_f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
+            return "the diagonal of your weights is zero: a token may attend to itself (j = i is allowed)"
+        return None
+
+    return first_problem(
+        diagonal,
+        lambda: _weights_problem(weights, scores.to(X.dtype), causal, reference="the causal softmax"),
+        lambda: tensor_problem(out, "your output", (*X.shape[:-1], W_V.shape[1])),
+        lambda: finite_problem(out, "your output"),
+        first_token,
+        lambda: close_problem(out, torch.matmul(expected_w, V), "your output", "causal attention weights @ V"),
+        leakage,
+    )
+
+
+def _pair_problem(output: Any) -> str | None:
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return "expected a tuple (output, weights)"
+    return None
+
+
+# --- part 5: causal self-attention over a padded batch -------------------------------------------------
+def _decoder_cases(g: torch.Generator) -> list[Case]:
+    def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
+        s = d_model ** -0.5
+        return _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_v, scale=s)
+
+    def tokens(rows: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(rows)
+
+    pad = 0
+    right = tokens([[4, 7, 2, 9, 5], [3, 8, 6, pad, pad]])
+    left = tokens([[pad, pad, 6, 2, 7], [5, 1, 9, 3, 4]])
+    return [
+        Case("right padding: (2, 5) tokens, d_model 6", (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3))),
+        Case("left padding: the first queries of sequence 0 see no real token (zero output)",
+             (_randn(g, 2, 5, 6), left, pad, *weights(6, 4, 4))),
+        Case("padding id 2 (not 0)", (_randn(g, 1, 4, 5), tokens([[7, 3, 2, 2]]), 2, *weights(5, 3, 5))),
+        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3",
+             (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"future": _randn(g, 2, 2, 6)}),
+        Case("padding changes nothing: sequence 1 alone (3 tokens) gives the same 3 outputs",
+             (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"alone": (1, 3)}),
+    ]
+
+
+def _run_decoder(obj: Any, case: Case) -> Any:
+    args, kwargs = case.fresh_args()
+    X, token_ids, pad_id, *weights = args
+    plain = obj(X.clone(), token_ids.clone(), pad_id, *weights, **kwargs)
+    if "future" in case.data:
+        changed = X.clone()
+        changed[:, 3:] = case.data["future"]
+        return plain, obj(changed, token_ids.clone(), pad_id, *weights, **kwargs)
+    if "alone" in case.data:
+        row, length = case.data["alone"]
+        alone = obj(X[row:row + 1, :length].clone(), token_ids[row:row + 1, :length].clone(), pad_id, *weights,
+                    **kwargs)
+        return plain, alone
+    return plain
+
+
+def _decoder_reference(X: torch.Tensor, token_ids: torch.Tensor, pad_id: int, W_Q: torch.Tensor,
+                       W_K: torch.Tensor, W_V: torch.Tensor) -> torch.Tensor:
+    length = X.shape[-2]
+    mask = torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]  # (B, L, L)
+    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V))
+    weights = _reference_weights(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), mask)
+    return torch.matmul(weights, V)
+
+
+def _verify_decoder(case: Case, output: Any) -> str | None:
+    X, token_ids, pad_id, W_Q, W_K, W_V = case.args
+    expected = _decoder_reference(X, token_ids, pad_id, W_Q, W_K, W_V)
+    extra = None
+    if "future" in case.data or "alone" in case.data:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "your output could not be read"
+        output, extra = output
+    problem = first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+    )
+    if problem:
+        return problem
+    length = X.shape[-2]
+    causal_only = _reference_weights(
+        torch.matmul(_f64(X) @ _f64(W_Q), (_f64(X) @ _f64(W_K)).transpose(-2, -1)) / math.sqrt(W_Q.shape[1]),
+        torch.ones(length, length, dtype=torch.bool).tril()) @ (_f64(X) @ _f64(W_V))
+    if not torch.allclose(_f64(output), expected, atol=1e-5) and torch.allclose(_f64(output), causal_only,
+                                                                                   atol=1e-5):
+        return "your output ignores the padding: combine the causal mask with the padding mask (AND) so that no " \
+               "query attends to a padding key"
+    empty = ~(torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]).any(-1)
+    if empty.any():
+        rows = _f64(output)[empty]
+        if not torch.equal(rows, torch.zeros_like(rows)):
+            index = empty.nonzero()[0].tolist()
+            return f"the output of {row_name(index)} must be all zeros: causally it sees only padding keys"
+    if "future" in case.data:
+        problem = tensor_problem(extra, "your output", expected.shape)
+        if problem:
+            return problem
+        gap = float((_f64(extra)[:, :3] - _f64(output)[:, :3]).abs().max())
+        if not gap <= 1e-5:
+            return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
+                    "leaks into the past (query i may only attend to keys j <= i)")
+    if "alone" in case.data:
+        row, n = case.data["alone"]
+        problem = tensor_problem(extra, "your output for the sequence alone", (1, n, W_V.shape[1]))
+        if problem:
+            return problem
+        gap = float((_f64(extra)[0] - _f64(output)[row, :n]).abs().max())
+        if not gap <= 1e-5:
+            return (f"the real tokens of sequence {row} get outputs that differ by up to {fmt(gap)} from those of the "
+                    "same sequence without padding: padding keys must be masked")
+    return close_problem(output, expected, "your output", "causal, padding-masked scaled dot-product attention")
+
+
+EXERCISE = Exercise(
+    id="ex05",
+    title="Scaling and masking",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="scaled_scores",
+            function="scaled_scores",
+            points=1,
+            summary="Q Kᵀ / sqrt(d_k): one row per query, one column per key, variance about 1",
+            hint="Q @ K.transpose(-2, -1) has shape (..., Lq, Lk); divide it by math.sqrt(d_k) with "
+                 "d_k = Q.shape[-1]. Dividing by d_k instead shrinks the scores too much.",
+            make_cases=_scores_cases,
+            verify=_verify_scores,
+        ),
+        Part(
+            name="masked_softmax",
+            function="masked_softmax",
+            points=2,
+            summary="softmax over the allowed keys only; a row with no allowed key gets zeros, never NaN",
+            hint="Fill the blocked scores (where the mask is False: scores.masked_fill(~mask, value)) with "
+                 "torch.finfo(scores.dtype).min rather than -inf, take torch.softmax over dim=-1, then zero the "
+                 "rows with no allowed key: mask.any(dim=-1, keepdim=True) is False exactly there.",
+            make_cases=_masked_softmax_cases,
+            verify=_verify_masked_softmax,
+        ),
+        Part(
+            name="scaled_dot_product_attention",
+            function="scaled_dot_product_attention",
+            points=2,
+            summary="(softmax_masked(Q Kᵀ / sqrt(d_k)) V, weights), finite even for fully masked rows",
+            hint="scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]); weights = masked_softmax(scores, "
+                 "mask); output = weights @ V. With your part 2, a fully masked row has zero weights, so its "
+                 "output is zero and its gradients are finite.",
+            make_cases=_attention_cases,
+            verify=_verify_attention,
+            run=_run_attention,
+        ),
+        Part(
+            name="causal_self_attention",
+            function="causal_self_attention",
+            points=1,
+            summary="self-attention in which query i sees only keys j <= i; returns (output, weights)",
+            hint="Write a helper causal_mask(L) = torch.ones(L, L, dtype=torch.bool).tril() (True on and below "
+                 "the diagonal: query i may see keys j <= i). Project Q, K, V from X and call your part 3 with "
+                 "that mask; it broadcasts over the batch.",
+            make_cases=_causal_cases,
+            verify=_verify_causal,
+            run=_run_causal,
+        ),
+        Part(
+            name="causal_padded_self_attention",
+            function="causal_padded_self_attention",
+            points=2,
+            summary="self-attention where query i sees keys j <= i that are not padding",
+            hint="The padding mask is token_ids != pad_id, shape (B, L); as keys it must block columns, so give "
+                 "it a query axis: [:, None, :] has shape (B, 1, L). AND it (&) with causal_mask(L) from part 4 "
+                 "to get (B, L, L), project Q, K, V from X, and call your part 3.",
+            make_cases=_decoder_cases,
+            verify=_verify_decoder,
+            run=_run_decoder,
+        ),
+    ),
+)

@@ -1,0 +1,235 @@
+"""Grade exercise notebooks without trusting anything the learner wrote or printed.
+
+For each notebook the grader:
+
+1. reads it (a file that is not a notebook, or a malformed one, gets a clear message and 0 points);
+2. works out the exercise (notebook metadata, else the file name, else ``exercise_id``);
+3. takes the learner's graded cells by tag and part name (outputs are ignored; a part whose check cell was
+   edited or deleted earns nothing);
+4. generates fresh inputs for every part, in this process;
+5. runs the preamble and graded cells and calls the learner's functions in a separate process
+   (:mod:`attention_course.grading.sandbox`), which sends back only wire-form outputs;
+6. judges the outputs here, against references and properties it computes from its own inputs.
+
+A part earns its points only if every case passes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+import torch
+
+from attention_course.grading.exercises import exercise_ids, get_exercise
+from attention_course.grading.judge import NOT_ATTEMPTED, PartVerdict, failed_part, judge_part
+from attention_course.grading.notebook_format import (
+    TAG_GRADED,
+    cell_part,
+    cell_tags,
+    defined_names,
+    notebook_exercise,
+)
+from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT, MISSING, run_parts
+from attention_course.grading.spec import Exercise
+
+__all__ = ["NotebookResult", "find_notebooks", "grade_notebook", "grade_paths"]
+
+MAX_NOTEBOOK_BYTES = 20_000_000
+
+
+@dataclass
+class NotebookResult:
+    """The grade of one notebook: its score and one verdict per part."""
+
+    path: str
+    exercise: str | None
+    score: int
+    max_score: int
+    parts: list[PartVerdict] = field(default_factory=list)
+    message: str = ""
+    seed: int | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "exercise": self.exercise,
+            "score": self.score,
+            "max_score": self.max_score,
+            "message": self.message,
+            "seed": self.seed,
+            "parts": [
+                {"name": v.part, "score": v.score, "max_score": v.max_score, "status": v.status, "message": v.message}
+                for v in self.parts
+            ],
+        }
+
+
+def find_notebooks(paths: Iterable[str | Path]) -> list[Path]:
+    """The files to grade: each file as given, and every ``*.ipynb`` under each folder (recursively,
+    skipping ``.ipynb_checkpoints`` and hidden folders), in sorted order, without duplicates."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            for candidate in sorted(path.rglob("*.ipynb")):
+                relative = candidate.relative_to(path).parts
+                if any(part == ".ipynb_checkpoints" or part.startswith(".") for part in relative[:-1]):
+                    continue
+                found.append(candidate)
+        else:
+            found.append(path)
+    unique: dict[str, Path] = {}
+    for path in found:
+        unique.setdefault(os.path.normpath(str(path)), path)
+    return list(unique.values())
+
+
+def _guess_exercise(path: Path) -> str | None:
+    """The exercise id from a file name such as ``ex02_hard_and_soft_attention (1).ipynb``."""
+    for exercise_id in sorted(exercise_ids(), key=len, reverse=True):
+        if re.search(rf"(?<![0-9a-z]){re.escape(exercise_id)}(?![0-9])", path.name.lower()):
+            return exercise_id
+    return None
+
+
+def _graded_cells(nb: nbformat.NotebookNode, exercise: Exercise) -> tuple[list[tuple[int, str, str]], str]:
+    """``(index, part, source)`` of the graded cells; falls back to finding the parts' functions when an
+    editor dropped every cell's metadata. Returns a note for the report when the fallback was used."""
+    names = {part.name for part in exercise.parts}
+    cells = [
+        (index, cell_part(cell), cell.source)
+        for index, cell in enumerate(nb.cells)
+        if cell.get("cell_type") == "code" and TAG_GRADED in cell_tags(cell) and cell_part(cell) in names
+        and isinstance(cell.get("source"), str)
+    ]
+    if cells or any(cell_part(cell) for cell in nb.cells):
+        return cells, ""
+    by_function = {part.function: part.name for part in exercise.parts}
+    for index, cell in enumerate(nb.cells):
+        if cell.get("cell_type") == "code" and isinstance(cell.get("source"), str):
+            for function in defined_names(cell.source) & by_function.keys():
+                cells.append((index, by_function[function], cell.source))
+    note = "no cell carries grading metadata (was it removed by an editor?); cells were matched by function name"
+    return cells, note if cells else ""
+
+
+def _check_cell_intact(nb: nbformat.NotebookNode, part: str, function: str) -> bool:
+    """Whether the notebook still has the part's check cell as handed out: ``check.<part>(<function>)``,
+    optionally with ``hint=True``. Found by content, so an editor that dropped the cell tags does not matter."""
+    call = re.compile(rf"check\.{re.escape(part)}\(\s*{re.escape(function)}\s*(,\s*hint\s*=\s*(True|False)\s*)?\)")
+    return any(
+        cell.get("cell_type") == "code" and isinstance(cell.get("source"), str) and call.fullmatch(cell.source.strip())
+        for cell in nb.cells
+    )
+
+
+def _amend(verdict: PartVerdict, extra: str) -> PartVerdict:
+    return PartVerdict(verdict.part, verdict.max_score, verdict.status, verdict.message + extra, verdict.cases)
+
+
+def _fail(path: Path, message: str, exercise: Exercise | None = None, seed: int | None = None) -> NotebookResult:
+    parts = [failed_part(part, message) for part in exercise.parts] if exercise else []
+    return NotebookResult(str(path), exercise.id if exercise else None, 0,
+                          exercise.max_score if exercise else 0, parts, message, seed)
+
+
+def grade_notebook(
+    path: str | Path,
+    timeout: float = 30.0,
+    seed: int | None = None,
+    exercise_id: str | None = None,
+    output_limit: int = DEFAULT_OUTPUT_LIMIT,
+) -> NotebookResult:
+    """Grade one notebook; never raises for anything about the file or the code in it.
+
+    Args:
+        path: the notebook.
+        timeout: seconds allowed for each graded cell and for each part's checks.
+        seed: seed for the generated inputs (default: fresh); the result records it for reproduction.
+        exercise_id: grade as this exercise whatever the notebook says.
+        output_limit: bytes the learner's code may print per process.
+    """
+    path = Path(path)
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+    if path.suffix.lower() != ".ipynb":
+        return _fail(path, f"not a notebook: expected a .ipynb file, got {path.name!r}")
+    try:
+        size = path.stat().st_size
+        if size > MAX_NOTEBOOK_BYTES:
+            return _fail(path, f"the notebook is {size:,} bytes, more than the {MAX_NOTEBOOK_BYTES:,} accepted")
+        nb = nbformat.read(path, as_version=4)
+        cells_ok = isinstance(nb.get("cells"), list) and all(isinstance(c, dict) for c in nb.cells)
+        if not cells_ok:
+            raise ValueError("it has no list of cells")
+    except Exception as exc:
+        return _fail(path, f"could not read the notebook ({type(exc).__name__}: {str(exc)[:300]})")
+
+    chosen = exercise_id or notebook_exercise(nb) or _guess_exercise(path)
+    if chosen not in exercise_ids():
+        return _fail(path, f"cannot tell which exercise this is (found {chosen!r}; known: {exercise_ids()}); "
+                           "pass --exercise")
+    exercise = get_exercise(chosen)
+    cells, note = _graded_cells(nb, exercise)
+    present = {part for _, part, _ in cells}
+
+    generator = torch.Generator().manual_seed(seed)
+    cases = {part.name: part.make_cases(generator) for part in exercise.parts}
+    to_run = [(part.name, cases[part.name]) for part in exercise.parts if part.name in present]
+    sandbox = run_parts(exercise.id, exercise.preamble, cells, to_run, timeout=timeout, output_limit=output_limit)
+
+    verdicts = []
+    for part in exercise.parts:
+        cell_error = sandbox.cell_errors.get(part.name)
+        failure = sandbox.failures.get(part.name, "no result came back")
+        if part.name not in present:
+            verdict = failed_part(part, f"no graded cell for part {part.name!r} was found (was it deleted, or its "
+                                        "tag removed?)")
+        elif part.name in sandbox.outcomes:
+            verdict = judge_part(part, cases[part.name], sandbox.outcomes[part.name])
+            if cell_error and not verdict.passed and verdict.status != NOT_ATTEMPTED:
+                verdict = _amend(verdict, f" (running its graded cell {cell_error})")
+        elif failure == MISSING:
+            verdict = failed_part(part, f"your graded cell {cell_error}, so `{part.function}` was never defined"
+                                  if cell_error else
+                                  f"no function named `{part.function}` was defined (was it renamed?)")
+        else:
+            verdict = failed_part(part, failure)
+        if part.name in present and not _check_cell_intact(nb, part.name, part.function):
+            # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
+            verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
+                                        f"`check.{part.name}({part.function})` to earn this part's marks")
+        verdicts.append(verdict)
+    score = sum(verdict.score for verdict in verdicts)
+    return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed)
+
+
+def grade_paths(
+    paths: Sequence[str | Path],
+    timeout: float = 30.0,
+    jobs: int = 1,
+    seed: int | None = None,
+    exercise_id: str | None = None,
+    output_limit: int = DEFAULT_OUTPUT_LIMIT,
+) -> list[NotebookResult]:
+    """Grade every notebook under ``paths`` (see :func:`find_notebooks`), ``jobs`` at a time, in order."""
+    notebooks = find_notebooks(paths)
+
+    def grade(path: Path) -> NotebookResult:
+        if not path.exists():
+            return _fail(path, "no such file or folder")
+        try:
+            return grade_notebook(path, timeout=timeout, seed=seed, exercise_id=exercise_id,
+                                  output_limit=output_limit)
+        except Exception as exc:  # a bug in an exercise's checks must not stop a whole class's grading
+            return _fail(path, f"internal grader error ({type(exc).__name__}: {exc}); please report it")
+
+    if jobs <= 1 or len(notebooks) <= 1:
+        return [grade(path) for path in notebooks]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(grade, notebooks))

@@ -1,0 +1,190 @@
+"""The exercise notebook format: cell tags, grading metadata and solution markers.
+
+A notebook is an exercise when its metadata holds ``{"grading": {"exercise": "<id>"}}``. Its cells carry:
+
+- tag ``preamble``: the imports cell; its source equals the exercise module's ``preamble``;
+- tag ``graded`` and metadata ``{"grading": {"part": "<part>"}}``: the cell where the learner writes the
+  part's function. In the solution notebook the answer sits between ``### BEGIN SOLUTION`` and
+  ``### END SOLUTION`` (see :func:`learner_source`);
+- tag ``check`` and metadata ``{"grading": {"part": "<part>"}}``: the cell calling ``check.<part>(...)``;
+- tag ``solution-only``: dropped from the learner notebook;
+- tag ``hide-input``: collapses the code on the website (solution notebooks); dropped for learners.
+
+Graded cells are found by these tags and metadata, never by position.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from typing import Any
+
+import nbformat
+
+__all__ = [
+    "BEGIN_SOLUTION",
+    "BUGGY",
+    "END_SOLUTION",
+    "METADATA_KEY",
+    "TAG_CHECK",
+    "TAG_GRADED",
+    "TAG_HIDE_INPUT",
+    "TAG_PREAMBLE",
+    "TAG_SOLUTION_ONLY",
+    "STUB",
+    "cell_part",
+    "cell_tags",
+    "defined_names",
+    "learner_source",
+    "normalize",
+    "notebook_exercise",
+]
+
+METADATA_KEY = "grading"
+TAG_GRADED = "graded"
+TAG_CHECK = "check"
+TAG_PREAMBLE = "preamble"
+TAG_SOLUTION_ONLY = "solution-only"
+TAG_HIDE_INPUT = "hide-input"
+
+BEGIN_SOLUTION = "### BEGIN SOLUTION"
+END_SOLUTION = "### END SOLUTION"
+BUGGY = "### BUGGY"
+STUB = ("# YOUR CODE HERE", 'raise NotImplementedError("replace this line with your code")')
+MARKDOWN_STUB = "*Write your answer here.*"
+
+# Cell metadata that editors add and nbstripout removes: never committed.
+_VOLATILE_CELL_METADATA = ("collapsed", "scrolled", "ExecuteTime", "execution", "heading_collapsed", "hidden")
+
+
+def cell_tags(cell: Any) -> list[str]:
+    """The cell's tags (``[]`` when it has none or its metadata is malformed)."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    tags = metadata.get("tags") if isinstance(metadata, dict) else None
+    return [tag for tag in tags if isinstance(tag, str)] if isinstance(tags, list) else []
+
+
+def cell_part(cell: Any) -> str | None:
+    """The part name in the cell's grading metadata, if any."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    grading = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    part = grading.get("part") if isinstance(grading, dict) else None
+    return part if isinstance(part, str) else None
+
+
+def notebook_exercise(nb: Any) -> str | None:
+    """The exercise id in the notebook's metadata, if any."""
+    metadata = nb.get("metadata") if isinstance(nb, dict) else None
+    grading = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    exercise = grading.get("exercise") if isinstance(grading, dict) else None
+    return exercise if isinstance(exercise, str) else None
+
+
+def defined_names(source: str) -> set[str]:
+    """Names of the functions and classes a cell defines at top level (empty if it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _indent_of(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def _uncomment(line: str, indent: str, where: str) -> str:
+    """Turn a commented buggy line (``<indent># code``) back into code (``<indent>code``)."""
+    if not line.strip():
+        return ""
+    if not line.startswith(indent + "#"):
+        raise ValueError(f"{where}: lines after {BUGGY} must be commented out at the block's indentation "
+                         f"({indent!r} + '# '), got {line!r}")
+    rest = line[len(indent) + 1:]
+    return indent + (rest[1:] if rest.startswith(" ") else rest)
+
+
+def learner_source(source: str, where: str = "cell") -> str:
+    """The learner's version of a solution cell's source.
+
+    Each block between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` is replaced, at the indentation of
+    the ``BEGIN`` line, by :data:`STUB` (a ``raise NotImplementedError``). If the block contains a line
+    ``### BUGGY``, the lines after it (written commented out, so the solution notebook runs the fixed
+    code above them) become the learner's starting code instead: that is how a bug hunt hands out broken
+    code. Everything outside the markers (signatures, docstrings, hint comments) is kept.
+
+    Raises:
+        ValueError: unbalanced markers, or a buggy line that is not commented out (``where`` names the cell).
+    """
+    out: list[str] = []
+    state, indent, buggy = "code", "", []
+    for number, line in enumerate(source.split("\n"), start=1):
+        marker = line.strip()
+        if state == "code":
+            if marker == BEGIN_SOLUTION:
+                state, indent, buggy = "solution", _indent_of(line), []
+            elif marker in (END_SOLUTION, BUGGY):
+                raise ValueError(f"{where}, line {number}: {marker} without {BEGIN_SOLUTION}")
+            else:
+                out.append(line)
+        elif marker == BEGIN_SOLUTION:
+            raise ValueError(f"{where}, line {number}: nested {BEGIN_SOLUTION}")
+        elif marker == BUGGY:
+            if state == "buggy":
+                raise ValueError(f"{where}, line {number}: two {BUGGY} lines in one block")
+            state = "buggy"
+        elif marker == END_SOLUTION:
+            out.extend(buggy if state == "buggy" else [indent + stub for stub in STUB])
+            state = "code"
+        elif state == "buggy":
+            buggy.append(_uncomment(line, indent, f"{where}, line {number}"))
+    if state != "code":
+        raise ValueError(f"{where}: {BEGIN_SOLUTION} without {END_SOLUTION}")
+    return "\n".join(out)
+
+
+def learner_markdown(source: str) -> str:
+    """Markdown answers between the markers are replaced by an invitation to answer."""
+    if BEGIN_SOLUTION not in source:
+        return source
+    out, inside = [], False
+    for line in source.split("\n"):
+        if line.strip() == BEGIN_SOLUTION:
+            inside = True
+            out.append(MARKDOWN_STUB)
+        elif line.strip() == END_SOLUTION:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _without(tags: Iterable[str], drop: Iterable[str]) -> list[str]:
+    drop = set(drop)
+    return [tag for tag in tags if tag not in drop]
+
+
+def normalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Strip outputs, execution counts and volatile metadata, and number cell ids 0, 1, 2, ... in place:
+    the form ``nbstripout`` leaves, so committed notebooks pass ``nbstripout --verify``."""
+    nb.metadata.pop("widgets", None)
+    nb.metadata.pop("signature", None)
+    for index, cell in enumerate(nb.cells):
+        cell["id"] = str(index)
+        for key in _VOLATILE_CELL_METADATA:
+            cell.metadata.pop(key, None)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        if "tags" in cell.metadata and not cell.metadata["tags"]:
+            del cell.metadata["tags"]
+    return nb
+
+
+def strip_tags(cell: Any, drop: Iterable[str]) -> None:
+    """Remove ``drop`` from the cell's tags (and the tags key when none are left)."""
+    tags = _without(cell_tags(cell), drop)
+    if tags:
+        cell.metadata["tags"] = tags
+    else:
+        cell.metadata.pop("tags", None)

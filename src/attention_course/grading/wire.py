@@ -1,0 +1,159 @@
+"""The wire form of a learner's output: plain data that can leave the learner's process safely.
+
+Whatever the learner's function returns is converted by :func:`to_wire` (in the learner's process) into
+plain ``torch.Tensor`` objects, Python numbers, strings, ``None`` and lists, tuples and dicts of these.
+The grader reads the result files with ``torch.load(weights_only=True)``, which refuses any other type, so
+a learner cannot smuggle code into the grader through an output. The notebook check converts outputs the
+same way, so both see identical values.
+
+The outcome of one call is a small dict (:func:`ok`, :func:`error`, :data:`NOT_IMPLEMENTED`), and
+:func:`describe` turns any wire value into words for feedback messages.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "NOT_IMPLEMENTED",
+    "describe",
+    "error",
+    "is_wire",
+    "ok",
+    "outcome_of_call",
+    "to_wire",
+    "unsupported_type",
+    "where",
+]
+
+MAX_ELEMENTS = 5_000_000  # per tensor: no exercise returns more; bigger outputs are refused, not shipped
+_MAX_ITEMS = 1_000  # per list, tuple or dict
+_MAX_DEPTH = 8
+_MAX_STRING = 2_000
+_UNSUPPORTED = "__unsupported_type__"
+
+NOT_IMPLEMENTED: dict[str, str] = {"status": "not_implemented"}
+
+
+def ok(value: Any) -> dict[str, Any]:
+    """The outcome of a call that returned ``value`` (already in wire form)."""
+    return {"status": "ok", "value": value}
+
+
+def error(kind: str, message: str, where: str = "") -> dict[str, Any]:
+    """The outcome of a call that raised: exception type name, message and where in the learner's code."""
+    return {"status": "error", "type": kind[:200], "message": message[:_MAX_STRING], "where": where[:200]}
+
+
+def unsupported_type(value: Any) -> str | None:
+    """The type name recorded by :func:`to_wire` for an object it could not convert, else ``None``."""
+    if isinstance(value, dict) and set(value) == {_UNSUPPORTED}:
+        return str(value[_UNSUPPORTED])
+    return None
+
+
+def _type_name(obj: Any) -> str:
+    cls = type(obj)
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", None) else f"{module}.{cls.__qualname__}"
+
+
+def to_wire(obj: Any, _depth: int = 0) -> Any:
+    """Convert ``obj`` into wire form: plain tensors (detached, on the CPU), numbers, strings, ``None``,
+    and lists, tuples and dicts of these.
+
+    Objects of other types become a marker naming their type (see :func:`unsupported_type`), so the
+    verdict can say "expected a torch.Tensor, got numpy.ndarray" instead of failing to transfer.
+
+    Raises:
+        ValueError: a tensor with more than :data:`MAX_ELEMENTS` elements, or nesting deeper than 8 levels.
+    """
+    if _depth > _MAX_DEPTH:
+        raise ValueError(f"output is nested more than {_MAX_DEPTH} levels deep")
+    if isinstance(obj, torch.Tensor):
+        if obj.numel() > MAX_ELEMENTS:
+            raise ValueError(f"output tensor has {obj.numel()} elements, more than the {MAX_ELEMENTS} allowed")
+        # A plain, contiguous, CPU copy: no subclass, no autograd graph, no shared storage with learner code.
+        return obj.detach().as_subclass(torch.Tensor).to("cpu").clone().contiguous()
+    if obj is None or type(obj) in (bool, int, float, str):
+        return obj[:_MAX_STRING] if isinstance(obj, str) else obj
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, float):  # e.g. numpy.float64, a float subclass
+        return float(obj)
+    if isinstance(obj, int):  # e.g. an IntEnum
+        return int(obj)
+    if type(obj).__module__ == "numpy" and hasattr(obj, "item") and getattr(obj, "shape", None) == ():
+        return to_wire(obj.item(), _depth + 1)  # numpy scalars such as numpy.float32
+    if isinstance(obj, (list, tuple)):
+        if len(obj) > _MAX_ITEMS:
+            raise ValueError(f"output has {len(obj)} items, more than the {_MAX_ITEMS} allowed")
+        items = [to_wire(item, _depth + 1) for item in obj]
+        return tuple(items) if isinstance(obj, tuple) else items
+    if isinstance(obj, dict) and all(type(key) is str for key in obj) and len(obj) <= _MAX_ITEMS:
+        return {key: to_wire(value, _depth + 1) for key, value in obj.items()}
+    return {_UNSUPPORTED: _type_name(obj)}
+
+
+def is_wire(value: Any, _depth: int = 0) -> bool:
+    """Whether ``value`` contains only wire types (checked by the grader on everything it loads)."""
+    if _depth > _MAX_DEPTH + 1:
+        return False
+    if value is None or type(value) in (bool, int, float, str) or type(value) is torch.Tensor:
+        return True
+    if type(value) in (list, tuple):
+        return all(is_wire(item, _depth + 1) for item in value)
+    if type(value) is dict:
+        return all(type(key) is str and is_wire(item, _depth + 1) for key, item in value.items())
+    return False
+
+
+def _is_learner_file(filename: str) -> bool:
+    # Jupyter names cells /tmp/ipykernel_<pid>/<hash>.py (older IPython: <ipython-input-N-...>); the
+    # grader's worker compiles them as <cell ...>.
+    return "ipykernel_" in filename or filename.startswith(("<ipython-input", "<cell"))
+
+
+def where(exc: BaseException) -> str:
+    """'line N of your cell' for the innermost traceback frame in the learner's code, else ''."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if _is_learner_file(frame.filename):
+            return f"line {frame.lineno} of your cell"
+    return ""
+
+
+def outcome_of_call(thunk: Any) -> dict[str, Any]:
+    """Call ``thunk()`` and return its outcome dict; never raises. ``SystemExit`` and ``KeyboardInterrupt``
+    become outcomes too: the learner's code must not end the checking."""
+    try:
+        value = thunk()
+    except NotImplementedError:
+        return dict(NOT_IMPLEMENTED)
+    except SystemExit as exc:
+        return error("SystemExit", f"your code called sys.exit({exc.code!r})", where(exc))
+    except BaseException as exc:  # anything the learner's code raises is feedback, not a crash
+        return error(type(exc).__name__, str(exc), where(exc))
+    try:
+        return ok(to_wire(value))
+    except BaseException as exc:
+        return error(type(exc).__name__, f"could not read your output: {exc}")
+
+
+def describe(value: Any) -> str:
+    """Words for a wire value: 'a tensor of shape (2, 3) and dtype torch.float32', 'a tuple of 2 items'."""
+    unsupported = unsupported_type(value)
+    if unsupported is not None:
+        return f"an object of type {unsupported}"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if value is None:
+        return "None"
+    if isinstance(value, (list, tuple, dict)):
+        kind = type(value).__name__
+        return f"a {kind} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

@@ -1,0 +1,182 @@
+"""Known-wrong implementations ("mutants") of the exercises' parts, and how to make a notebook of one.
+
+A mutant names a solution notebook, a part, and one exact text replacement inside that part's graded cell
+(the text must occur exactly once, so a mutant cannot silently stop applying when the solution changes).
+Each is a mistake learners or tutorials make; the grader must take marks away for every one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from attention_course.grading.notebook_format import TAG_GRADED, cell_part, cell_tags
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "exercises" / "solutions"
+EX02 = "ex02_hard_and_soft_attention"
+BUG_HUNT = "ex_bug_hunt"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    notebook: str  # stem of the solution notebook
+    part: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    # --- ex02 -----------------------------------------------------------------------------------------
+    Mutant("hard_returns_index", EX02, "hard_attention_weights",
+           "return F.one_hot(winners, num_classes=scores.shape[-1]).to(scores.dtype)", "return winners"),
+    Mutant("hard_all_maxima", EX02, "hard_attention_weights",
+           "return F.one_hot(winners, num_classes=scores.shape[-1]).to(scores.dtype)",
+           "return (scores == scores.amax(dim=-1, keepdim=True)).to(scores.dtype)"),
+    Mutant("hard_last_maximum", EX02, "hard_attention_weights",
+           "winners = scores.argmax(dim=-1)", "winners = scores.shape[-1] - 1 - scores.flip(-1).argmax(dim=-1)"),
+    Mutant("soft_no_max_subtraction", EX02, "soft_attention_weights",
+           "logits = logits - logits.amax(dim=-1, keepdim=True)", "logits = logits"),
+    Mutant("soft_wrong_axis", EX02, "soft_attention_weights",
+           "return exp / exp.sum(dim=-1, keepdim=True)", "return exp / exp.sum(dim=0, keepdim=True)"),
+    Mutant("soft_beta_divides", EX02, "soft_attention_weights", "logits = beta * scores", "logits = scores / beta"),
+    Mutant("soft_ignores_beta", EX02, "soft_attention_weights", "logits = beta * scores", "logits = scores"),
+    Mutant("soft_always_float32", EX02, "soft_attention_weights",
+           "return exp / exp.sum(dim=-1, keepdim=True)", "return (exp / exp.sum(dim=-1, keepdim=True)).float()"),
+    Mutant("pooling_transposed", EX02, "attention_pooling",
+           "return torch.matmul(weights, X)", "return torch.matmul(X.transpose(-2, -1), weights.transpose(-2, -1))"),
+    Mutant("pooling_ignores_weights", EX02, "attention_pooling",
+           "return torch.matmul(weights, X)",
+           "return X.mean(dim=-2, keepdim=True).expand(*weights.shape[:-1], X.shape[-1])"),
+    Mutant("self_attention_softmax_over_queries", EX02, "self_attention_no_projections",
+           "weights = soft_attention_weights(scores, beta)",
+           "weights = soft_attention_weights(scores.transpose(-2, -1), beta).transpose(-2, -1)"),
+    Mutant("self_attention_extra_scaling", EX02, "self_attention_no_projections",
+           "scores = torch.matmul(X, X.transpose(-2, -1))",
+           "scores = torch.matmul(X, X.transpose(-2, -1)) / math.sqrt(X.shape[-1])"),
+    Mutant("self_attention_swapped_outputs", EX02, "self_attention_no_projections",
+           "return attention_pooling(X, weights), weights", "return weights, attention_pooling(X, weights)"),
+    Mutant("self_attention_unstable_softmax", EX02, "self_attention_no_projections",
+           "weights = soft_attention_weights(scores, beta)",
+           "weights = torch.exp(beta * scores) / torch.exp(beta * scores).sum(dim=-1, keepdim=True)"),
+    Mutant("equivariance_inverse_permutation", EX02, "equivariance_gap",
+           "- f(X)[perm]).abs()", "- f(X)[torch.argsort(perm)]).abs()"),
+    Mutant("equivariance_hard_coded_zero", EX02, "equivariance_gap",
+           "return float((f(X[perm]) - f(X)[perm]).abs().max())", "return 0.0"),
+    Mutant("equivariance_same_side", EX02, "equivariance_gap", "- f(X)[perm]).abs()", "- f(X[perm])).abs()"),
+    # --- ex04 (notebook ex04_queries_keys_values) --------------------------------------------------------
+    Mutant("project_no_dk_check", "ex04_queries_keys_values", "project_qkv",
+           "if W_Q.shape[1] != W_K.shape[1]:", "if False:"),
+    Mutant("project_error_without_sizes", "ex04_queries_keys_values", "project_qkv",
+           'raise ValueError(f"X has {d_model} features but {name} has {W.shape[0]} rows")',
+           'raise ValueError("the shapes do not match")'),
+    Mutant("fused_equal_thirds", "ex04_queries_keys_values", "split_fused_projection",
+           "return QKV.split([d_k, d_k, d_v], dim=-1)", "return QKV.chunk(3, dim=-1)"),
+    Mutant("one_query_no_scale", "ex04_queries_keys_values", "attend_one_query",
+           "scores = K @ q / math.sqrt(d_k)", "scores = K @ q"),
+    Mutant("one_query_divides_by_d_k", "ex04_queries_keys_values", "attend_one_query", "/ math.sqrt(d_k)", "/ d_k"),
+    Mutant("one_query_ignores_weights", "ex04_queries_keys_values", "attend_one_query",
+           "output = weights @ V", "output = V.mean(dim=0)"),
+    Mutant("one_query_naive_exp", "ex04_queries_keys_values", "attend_one_query",
+           "weights = torch.softmax(scores, dim=-1)", "weights = torch.exp(scores) / torch.exp(scores).sum()"),
+    Mutant("matrix_softmax_over_queries", "ex04_queries_keys_values", "attention_matrix_form",
+           "weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-2)"),
+    Mutant("matrix_dot_T", "ex04_queries_keys_values", "attention_matrix_form", "K.transpose(-2, -1)", "K.T"),
+    Mutant("matrix_no_scale", "ex04_queries_keys_values", "attention_matrix_form", " / math.sqrt(Q.shape[-1])", ""),
+    Mutant("cross_queries_from_source", "ex04_queries_keys_values", "cross_attention",
+           "Q = X_q @ W_Q", "Q = X_kv @ W_Q"),
+    Mutant("cross_values_from_queries", "ex04_queries_keys_values", "cross_attention",
+           "V = X_kv @ W_V", "V = X_q @ W_V"),
+    # --- ex05 (notebook ex05_scaling_and_masking) --------------------------------------------------------
+    Mutant("scores_no_scale", "ex05_scaling_and_masking", "scaled_scores", " / math.sqrt(Q.shape[-1])", ""),
+    Mutant("scores_divide_by_d_k", "ex05_scaling_and_masking", "scaled_scores",
+           "/ math.sqrt(Q.shape[-1])", "/ Q.shape[-1]"),
+    Mutant("scores_keys_by_queries", "ex05_scaling_and_masking", "scaled_scores",
+           "return Q @ K.transpose(-2, -1)", "return K @ Q.transpose(-2, -1)"),
+    Mutant("softmax_minus_inf_unguarded", "ex05_scaling_and_masking", "masked_softmax",
+           "filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)\n"
+           "    weights = torch.softmax(filled, dim=-1)\n"
+           "    has_key = mask.any(dim=-1, keepdim=True)  # False for rows with no allowed key\n"
+           "    return weights.masked_fill(~has_key, 0.0)",
+           'return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)'),
+    Mutant("softmax_rows_not_zeroed", "ex05_scaling_and_masking", "masked_softmax",
+           "return weights.masked_fill(~has_key, 0.0)", "return weights"),
+    Mutant("softmax_inverted_mask", "ex05_scaling_and_masking", "masked_softmax",
+           "scores.masked_fill(~mask,", "scores.masked_fill(mask,"),
+    Mutant("softmax_zero_after", "ex05_scaling_and_masking", "masked_softmax",
+           "weights = torch.softmax(filled, dim=-1)", "weights = torch.softmax(scores, dim=-1) * mask"),
+    Mutant("softmax_no_mask", "ex05_scaling_and_masking", "masked_softmax",
+           "filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)", "filled = scores"),
+    Mutant("attention_no_scale", "ex05_scaling_and_masking", "scaled_dot_product_attention",
+           "scores = scaled_scores(Q, K)", "scores = Q @ K.transpose(-2, -1)"),
+    Mutant("attention_minus_inf_inline", "ex05_scaling_and_masking", "scaled_dot_product_attention",
+           "weights = masked_softmax(scores, mask)",
+           "weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask, float('-inf')), dim=-1)"),
+    Mutant("causal_upper", "ex05_scaling_and_masking", "causal_self_attention", ".tril()", ".triu()"),
+    Mutant("causal_no_diagonal", "ex05_scaling_and_masking", "causal_self_attention", ".tril()", ".tril(-1)"),
+    Mutant("causal_no_mask", "ex05_scaling_and_masking", "causal_self_attention",
+           "X @ W_V, mask)", "X @ W_V, None)"),
+    Mutant("decoder_causal_only", "ex05_scaling_and_masking", "causal_padded_self_attention",
+           "mask = causal_mask(L) & not_padding", "mask = causal_mask(L)"),
+    Mutant("decoder_padding_only", "ex05_scaling_and_masking", "causal_padded_self_attention",
+           "mask = causal_mask(L) & not_padding", "mask = not_padding"),
+    Mutant("decoder_padding_as_queries", "ex05_scaling_and_masking", "causal_padded_self_attention",
+           "not_padding = (token_ids != pad_id)[:, None, :]", "not_padding = (token_ids != pad_id)[:, :, None]"),
+    # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
+    Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
+           "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),
+    Mutant("heads_wrong_output_labels", BUG_HUNT, "multi_head_weights",
+           '"bqhd,bkhd->bhqk", q, k)  #', '"bqhd,bkhd->bqhk", q, k)  #'),
+    Mutant("scale_without_square_root", BUG_HUNT, "multi_head_self_attention",
+           "/ math.sqrt(d_head)", "/ d_head"),
+    Mutant("mask_inverted", BUG_HUNT, "masked_attention",
+           "scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)",
+           "scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)"),
+    Mutant("mask_rows_not_zeroed", BUG_HUNT, "masked_attention",
+           "weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)", "weights = weights"),
+    Mutant("loops_ignore_weights", BUG_HUNT, "attention_with_loops",
+           "out[i] += weights[j] * v[j]", "out[i] += v[j] / k.shape[0]"),
+    Mutant("layer_norm_unbiased_variance", BUG_HUNT, "layer_norm", "correction=0", "correction=1"),
+    Mutant("layer_norm_eps_outside_root", BUG_HUNT, "layer_norm",
+           "(x - mean) / torch.sqrt(var + eps)", "(x - mean) / (torch.sqrt(var) + eps)"),
+    Mutant("dropout_divides_by_p", BUG_HUNT, "dropout", "return x * keep / (1.0 - p)", "return x * keep / p"),
+    Mutant("dropout_fixed_mask", BUG_HUNT, "dropout", "keep = torch.rand_like(x) >= p  #",
+           "keep = (torch.arange(x.numel()).reshape(x.shape) % 10) >= 10 * p  #"),
+    Mutant("dropout_nan_when_p_is_one", BUG_HUNT, "dropout",
+           "if p == 1.0:\n        return torch.zeros_like(x)", "if p == 2.0:\n        return torch.zeros_like(x)"),
+    Mutant("residual_from_projection", BUG_HUNT, "attention_sublayer", "residual = q  #", "residual = q @ w_q  #"),
+    Mutant("causal_mask_upper", BUG_HUNT, "causal_self_attention", ".tril()", ".triu()"),
+    Mutant("causal_mask_without_diagonal", BUG_HUNT, "causal_self_attention", ".tril()", ".tril(-1)"),
+]
+
+
+def graded_cell(nb: nbformat.NotebookNode, part: str) -> nbformat.NotebookNode:
+    cells = [c for c in nb.cells if c.cell_type == "code" and TAG_GRADED in cell_tags(c) and cell_part(c) == part]
+    if len(cells) != 1:
+        raise ValueError(f"expected one graded cell for part {part!r}, found {len(cells)}")
+    return cells[0]
+
+
+def apply(mutant: Mutant) -> nbformat.NotebookNode:
+    """The solution notebook with the mutant's replacement made in its part's graded cell."""
+    nb = nbformat.read(SOLUTIONS / f"{mutant.notebook}.ipynb", as_version=4)
+    cell = graded_cell(nb, mutant.part)
+    count = cell.source.count(mutant.old)
+    if count != 1:
+        raise ValueError(f"mutant {mutant.name}: {mutant.old!r} occurs {count} times in the {mutant.part} cell")
+    cell.source = cell.source.replace(mutant.old, mutant.new)
+    return nb
+
+
+def write_mutants(folder: Path) -> dict[str, Mutant]:
+    """Write one notebook per mutant into ``folder``; returns file name -> mutant."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for mutant in MUTANTS:
+        name = f"{mutant.notebook}__{mutant.name}.ipynb"
+        nbformat.write(apply(mutant), folder / name)
+        written[name] = mutant
+    return written

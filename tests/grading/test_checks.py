@@ -1,0 +1,198 @@
+"""The in-notebook checks: verdicts, messages, robustness to odd outputs, and the wire format."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+
+from attention_course.grading import exercise, get_exercise
+from attention_course.grading.checker import Checker
+from attention_course.grading.compare import close_problem, finite_problem, rows_sum_problem, tensor_problem
+from attention_course.grading.exercises import exercise_ids
+from attention_course.grading.notebook_format import TAG_GRADED, cell_tags, notebook_exercise
+from attention_course.grading.sandbox import _load_outcomes
+from attention_course.grading.wire import describe, is_wire, outcome_of_call, to_wire, unsupported_type
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = sorted((ROOT / "exercises" / "solutions").glob("*.ipynb"))
+
+
+def namespace_of(path: Path) -> tuple[object, dict]:
+    """The functions a notebook's graded cells define (our own notebooks, so running them here is safe)."""
+    nb = nbformat.read(path, as_version=4)
+    ex = get_exercise(notebook_exercise(nb))
+    namespace: dict = {}
+    exec(ex.preamble, namespace)
+    for cell in nb.cells:
+        if TAG_GRADED in cell_tags(cell):
+            exec(cell.source, namespace)
+    return ex, namespace
+
+
+def run_check(checker: Checker, part: str, obj: object, **kwargs) -> str:
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        checker.check(part, obj, **kwargs)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_solutions_pass_every_part(path, seed):
+    ex, namespace = namespace_of(path)
+    checker = Checker(ex, seed=seed)
+    for part in ex.parts:
+        text = run_check(checker, part.name, namespace[part.function])
+        assert checker.passed(part.name), text
+        assert "FAIL" not in text and "Passed: all" in text
+    assert f"Progress: {len(ex.parts)} of {len(ex.parts)} parts passed, {ex.max_score} of {ex.max_score}" in text
+
+
+@pytest.mark.parametrize("path", [ROOT / "exercises" / p.name for p in SOLUTIONS], ids=[p.name for p in SOLUTIONS])
+def test_learner_versions_pass_nothing(path):
+    ex, namespace = namespace_of(path)
+    checker = Checker(ex, seed=0)
+    for part in ex.parts:
+        text = run_check(checker, part.name, namespace[part.function])
+        assert not checker.passed(part.name), f"the learner's starting code passes {part.name}"
+        assert "Traceback" not in text
+        if ex.id != "bug_hunt":
+            assert "Not attempted yet" in text, text
+
+
+def test_case_lines_progress_and_hint():
+    ex, namespace = namespace_of(ROOT / "exercises" / "solutions" / "ex02_hard_and_soft_attention.ipynb")
+    checker = Checker(ex, seed=0)
+    text = run_check(checker, "attention_pooling", namespace["attention_pooling"], hint=True)
+    cases = ex.part("attention_pooling").make_cases(torch.Generator().manual_seed(0))
+    for case in cases:
+        assert f"PASS  {case.name}" in text
+    assert "Hint: " in text and "weights @ X" in text
+    assert text.strip().endswith("Progress: 1 of 5 parts passed, 1 of 8 points (ex02).")
+
+
+def test_wrong_answer_gives_specific_messages_and_a_pointer_to_the_hint():
+    checker = Checker(get_exercise("ex02"), seed=0)
+
+    def naive(scores, beta=1.0):  # no max subtraction: overflows for large scores
+        e = torch.exp(beta * scores)
+        return e / e.sum(dim=-1, keepdim=True)
+
+    text = run_check(checker, "soft_attention_weights", naive)
+    assert "FAIL  scores around +1e4 (overflow test): row 0 of your weights contains NaN" in text
+    assert "PASS  scores (5, 8), beta = 1" in text
+    assert 'check.hint("soft_attention_weights")' in text and "0 of 2 points" in text
+
+
+@pytest.mark.parametrize("returned", [
+    None, "a string", 3, np.ones((5, 8)), [torch.ones(5, 8)], (torch.ones(5, 8), torch.ones(5, 8)),
+    {"weights": torch.ones(5, 8)}, torch.ones(5, 8, dtype=torch.int64), torch.full((5, 8), float("nan")),
+    object(), torch.ones(1),
+])
+def test_odd_outputs_fail_cleanly(returned):
+    checker = Checker(get_exercise("ex02"), seed=0)
+    text = run_check(checker, "soft_attention_weights", lambda scores, beta=1.0: returned)
+    assert "FAIL" in text and "could not be checked" not in text and not checker.passed("soft_attention_weights")
+
+
+def test_not_a_function_and_unknown_part():
+    checker = Checker(get_exercise("ex02"), seed=0)
+    text = run_check(checker, "attention_pooling", torch.ones(3))
+    assert "expected your function `attention_pooling` itself, got a tensor" in text
+    with pytest.raises(AttributeError, match="has no part 'softmax'"):
+        checker.softmax  # noqa: B018 - the attribute access is the test
+    assert "hard_attention_weights" in dir(checker)
+
+
+def test_exceptions_in_learner_code_are_reported_not_raised():
+    checker = Checker(get_exercise("ex02"), seed=0)
+
+    def exits(f, X, perm):
+        raise SystemExit(3)
+
+    text = run_check(checker, "equivariance_gap", exits)
+    assert "your code raised SystemExit: your code called sys.exit(3)" in text
+    text = run_check(checker, "equivariance_gap", lambda f, X, perm: X[10])
+    assert "your code raised IndexError" in text
+
+
+def test_assert_all_passed_names_the_missing_parts(capsys):
+    checker = exercise("ex02", seed=0)
+    assert "5 parts, 8 points" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="hard_attention_weights"):
+        checker.assert_all_passed()
+
+
+def test_every_exercise_has_hints_and_distinct_fresh_cases():
+    for exercise_id in exercise_ids():
+        ex = get_exercise(exercise_id)
+        for part in ex.parts:
+            assert len(part.hint) > 40 and part.summary
+            first = part.make_cases(torch.Generator().manual_seed(1))
+            second = part.make_cases(torch.Generator().manual_seed(2))
+            assert [c.name for c in first] == [c.name for c in second], "case names must not depend on the seed"
+            tensors = [(a, b) for c1, c2 in zip(first, second) for a, b in zip(c1.args, c2.args)
+                       if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 1]
+            assert any(not torch.equal(a, b) for a, b in tensors), f"{part.name}: cases are not random"
+            pickle.dumps(first)  # cases travel to the learner's process
+
+
+# --- compare helpers ------------------------------------------------------------------------------------
+def test_compare_messages_name_the_place():
+    weights = torch.tensor([[0.5, 0.5], [0.2, 0.8], [0.5, 0.23]])
+    assert rows_sum_problem(weights) == "row 2 of your weights sums to 0.73 instead of 1"
+    batched = torch.ones(2, 3, 4) / 4
+    batched[1, 2, 0] = float("nan")
+    assert finite_problem(batched, "your weights") == "row 2 of batch item 1 of your weights contains NaN"
+    assert tensor_problem(torch.ones(2, 5, 4, 4), "your weights", (2, 4, 5, 5)) == (
+        "expected your weights of shape (2, 4, 5, 5), got (2, 5, 4, 4)")
+    message = close_problem(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.63]), "your output", "the reference")
+    assert message.startswith("your output differs from the reference by up to 0.63 at index (1,)")
+    assert close_problem(torch.tensor([1.0]), torch.tensor([1.0 + 1e-7]), "x", "y") is None
+
+
+# --- wire format ----------------------------------------------------------------------------------------
+def test_wire_keeps_plain_data_and_marks_the_rest():
+    class MyTensor(torch.Tensor):
+        pass
+
+    value = to_wire({"a": (torch.ones(2, requires_grad=True) * 2, 1, 2.5, None, "s"), "b": [True]})
+    assert is_wire(value) and type(value["a"][0]) is torch.Tensor and not value["a"][0].requires_grad
+    assert type(to_wire(torch.ones(2).as_subclass(MyTensor))) is torch.Tensor
+    assert to_wire(np.float32(0.5)) == 0.5 and to_wire(np.float64(2.0)) == 2.0
+    assert unsupported_type(to_wire(np.ones(3))) == "numpy.ndarray"
+    assert describe(to_wire(np.ones(3))) == "an object of type numpy.ndarray"
+    assert not is_wire(np.ones(3)) and not is_wire(torch.ones(1).as_subclass(MyTensor))
+    with pytest.raises(ValueError, match="more than"):
+        to_wire(torch.zeros(6_000_000))
+
+
+def test_outcome_of_call_never_raises():
+    assert outcome_of_call(lambda: (_ for _ in ()).throw(NotImplementedError()))["status"] == "not_implemented"
+    assert outcome_of_call(lambda: (_ for _ in ()).throw(KeyboardInterrupt()))["type"] == "KeyboardInterrupt"
+    assert outcome_of_call(lambda: torch.zeros(6_000_000))["status"] == "error"
+
+
+class _Payload:
+    def __reduce__(self):
+        import os
+        return (os.system, ("touch /tmp/attention-course-grading-pwned",))
+
+
+def test_result_files_are_read_without_running_code(tmp_path):
+    marker = Path("/tmp/attention-course-grading-pwned")
+    marker.unlink(missing_ok=True)
+    path = tmp_path / "part.pt"
+    torch.save([_Payload()], path)
+    assert "could not be read" in _load_outcomes(path, 1)
+    assert not marker.exists()
+    torch.save([{"status": "ok", "value": torch.ones(2)}], path)
+    assert _load_outcomes(path, 1)[0]["status"] == "ok"
+    assert _load_outcomes(path, 2) == "its results were incomplete"

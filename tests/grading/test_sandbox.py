@@ -1,0 +1,212 @@
+"""Hostile and broken submissions: the grader gives no marks for them, and neither crashes nor hangs.
+
+All cases are graded in one CLI call with a short --timeout. Each case starts from the ex02 solution
+(5 parts, all correct) and breaks one or two things; the parts it does not touch must keep their marks,
+including parts checked before the learner's code killed its process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attention_course.grading.notebook_format import TAG_CHECK, cell_part, cell_tags
+from tests.grading.mutants import SOLUTIONS, graded_cell
+
+EX02 = SOLUTIONS / "ex02_hard_and_soft_attention.ipynb"
+PARTS = ["hard_attention_weights", "soft_attention_weights", "attention_pooling", "self_attention_no_projections",
+         "equivariance_gap"]
+TIMEOUT = 6  # seconds per cell or part: long enough for honest code on a loaded machine
+
+
+def replace(part: str, source: str) -> Callable[[nbformat.NotebookNode], None]:
+    def edit(nb: nbformat.NotebookNode) -> None:
+        graded_cell(nb, part).source = source
+    return edit
+
+
+def prepend(part: str, source: str) -> Callable[[nbformat.NotebookNode], None]:
+    def edit(nb: nbformat.NotebookNode) -> None:
+        cell = graded_cell(nb, part)
+        cell.source = source + "\n" + cell.source
+    return edit
+
+
+def check_cell(nb: nbformat.NotebookNode, part: str) -> nbformat.NotebookNode:
+    return next(c for c in nb.cells if TAG_CHECK in cell_tags(c) and cell_part(c) == part)
+
+
+WRONG_SOFT = "def soft_attention_weights(scores, beta=1.0):\n    return torch.zeros_like(scores)"
+CHEATS = """
+import numpy as np
+import torch
+import attention_course.grading.compare as compare
+import attention_course.grading.judge as judge
+import attention_course.grading.wire as wire
+import attention_course.grading.exercises.ex02 as ex02
+from attention_course.grading.checker import Checker
+torch.allclose = lambda *args, **kwargs: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+np.allclose = lambda *args, **kwargs: True
+np.testing.assert_allclose = lambda *args, **kwargs: None
+for name in dir(compare):
+    if name.endswith("_problem"):
+        setattr(compare, name, lambda *args, **kwargs: None)
+judge.judge_case = lambda part, case, outcome: judge.CaseVerdict(case.name, None)
+ex02._verify_soft = lambda case, output: None
+ex02.EXERCISE.parts[1].__dict__["verify"] = lambda case, output: None
+Checker.check = lambda self, *args, **kwargs: print("PASS")
+"""
+
+
+@dataclass
+class Hostile:
+    name: str
+    edits: list[Callable[[nbformat.NotebookNode], None]]
+    zero: dict[str, str]  # part -> a phrase its message must contain; every other part keeps full marks
+
+
+def delete_check(part: str) -> Callable[[nbformat.NotebookNode], None]:
+    def edit(nb: nbformat.NotebookNode) -> None:
+        nb.cells.remove(check_cell(nb, part))
+    return edit
+
+
+def fake_check_output(nb: nbformat.NotebookNode) -> None:
+    cell = check_cell(nb, "soft_attention_weights")
+    cell.source = 'print("PASS  every case\\nPassed: all 8 cases, 2 of 2 points.")'
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="Passed: all 8 cases, 2 of 2 points.\n")]
+
+
+def delete_graded(nb: nbformat.NotebookNode) -> None:
+    nb.cells.remove(graded_cell(nb, "equivariance_gap"))
+
+
+def strip_metadata(nb: nbformat.NotebookNode) -> None:
+    nb.metadata = {"kernelspec": nb.metadata["kernelspec"]}
+    for cell in nb.cells:
+        cell.metadata = {}
+
+
+HOSTILE = [
+    Hostile("raises", [replace("hard_attention_weights",
+                               "def hard_attention_weights(scores):\n    raise ValueError('no idea')")],
+            {"hard_attention_weights": "ValueError: no idea"}),
+    Hostile("infinite_loop_in_function", [replace("hard_attention_weights",
+                                                  "def hard_attention_weights(scores):\n    while True:\n        pass")],
+            {"hard_attention_weights": "time limit"}),
+    Hostile("infinite_loop_in_cell", [prepend("equivariance_gap", "while True:\n    pass")],
+            {"equivariance_gap": "time limit"}),
+    Hostile("sys_exit_in_function", [replace("hard_attention_weights",
+                                             "import sys\ndef hard_attention_weights(scores):\n    sys.exit(0)")],
+            {"hard_attention_weights": "sys.exit"}),
+    Hostile("sys_exit_in_cell", [prepend("equivariance_gap", "import sys\nsys.exit(1)")],
+            {"equivariance_gap": "SystemExit"}),
+    Hostile("os_exit_in_function", [prepend("equivariance_gap", "import os"),
+                                    replace("hard_attention_weights",
+                                            "import os\ndef hard_attention_weights(scores):\n    os._exit(0)")],
+            {"hard_attention_weights": "ended the checking process"}),
+    # Parts 1-3 are checked before part 4 kills its process; part 5 runs in a fresh one.
+    Hostile("kills_its_process", [prepend("self_attention_no_projections",
+                                          "import os, signal\n_kill = lambda: os.kill(os.getpid(), signal.SIGKILL)"),
+                                  lambda nb: setattr(graded_cell(nb, "self_attention_no_projections"), "source",
+                                                     graded_cell(nb, "self_attention_no_projections").source.replace(
+                                                         "    ### BEGIN SOLUTION", "    _kill()\n    ### BEGIN SOLUTION"))],
+            {"self_attention_no_projections": "SIGKILL"}),
+    # Killing the process that started it (the grader's launcher) disturbs nothing: the code is right.
+    Hostile("kills_its_parent", [prepend("attention_pooling", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")],
+            {}),
+    Hostile("prints_10_megabytes", [prepend("hard_attention_weights", "print('x' * 10_000_000)")],
+            {"hard_attention_weights": "printed more than"}),
+    Hostile("monkeypatches_torch_numpy_and_the_checker", [replace("soft_attention_weights", CHEATS + WRONG_SOFT)],
+            {"soft_attention_weights": "failed", "self_attention_no_projections": "failed"}),
+    Hostile("fakes_its_check_cell", [replace("soft_attention_weights", WRONG_SOFT), fake_check_output],
+            {"soft_attention_weights": "check cell was edited or deleted", "self_attention_no_projections": "failed"}),
+    Hostile("deletes_check_cell_with_wrong_code", [replace("soft_attention_weights", WRONG_SOFT),
+                                                   delete_check("soft_attention_weights")],
+            {"soft_attention_weights": "check cell was edited or deleted", "self_attention_no_projections": "failed"}),
+    # Correct code does not save a part whose check cell is gone (COURSE.md: editing a check earns nothing).
+    Hostile("deletes_check_cell_with_right_code", [delete_check("attention_pooling")],
+            {"attention_pooling": "check cell was edited or deleted"}),
+    Hostile("edits_check_cell_with_right_code", [lambda nb: setattr(check_cell(nb, "attention_pooling"), "source",
+                                                                    "print('checked')")],
+            {"attention_pooling": "check cell was edited or deleted"}),
+    Hostile("renames_the_function", [lambda nb: setattr(graded_cell(nb, "hard_attention_weights"), "source",
+                                                        graded_cell(nb, "hard_attention_weights").source.replace(
+                                                            "def hard_attention_weights(", "def hard_attention(")) ],
+            {"hard_attention_weights": "renamed"}),
+    Hostile("deletes_a_graded_cell", [delete_graded], {"equivariance_gap": "no graded cell"}),
+    Hostile("syntax_error", [prepend("hard_attention_weights", "def broken(:")],
+            {"hard_attention_weights": "SyntaxError"}),
+    Hostile("leaves_a_thread_and_a_child_process_running", [prepend("equivariance_gap", (
+        "import subprocess, sys, threading, time\n"
+        "threading.Thread(target=lambda: time.sleep(10**6)).start()\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(10**6)'])"))], {}),
+    Hostile("editor_dropped_all_metadata", [strip_metadata], {}),
+]
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hostile")
+    for case in HOSTILE:
+        nb = nbformat.read(EX02, as_version=4)
+        for edit in case.edits:
+            edit(nb)
+        # File names without "ex02": the exercise must come from the notebook's metadata...
+        nbformat.write(nb, folder / f"{case.name}.ipynb")
+    # ... except for the notebook that lost its metadata, which is recognised by its file name.
+    (folder / "editor_dropped_all_metadata.ipynb").rename(folder / "ex02_editor_dropped_all_metadata.ipynb")
+    (folder / "notes.txt").write_text("not a notebook")
+    (folder / "malformed.ipynb").write_text('{"cells": [ this is not json')
+    (folder / "valid_json_not_a_notebook.ipynb").write_text('{"hello": "world"}')
+    (folder / ".ipynb_checkpoints").mkdir()
+    (folder / ".ipynb_checkpoints" / "raises-checkpoint.ipynb").write_text(EX02.read_text())
+    out = folder.parent / f"{folder.name}-grades.json"
+    command = [sys.executable, "-m", "attention_course.grading", str(folder), str(folder / "notes.txt"),
+               "--json", str(out), "--timeout", str(TIMEOUT), "--jobs", "2"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = {Path(entry["path"]).name: entry for entry in json.loads(out.read_text())["notebooks"]}
+    return {"results": results, "stdout": run.stdout, "stderr": run.stderr}
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=[c.name for c in HOSTILE])
+def test_hostile_part_earns_nothing_and_the_others_keep_their_marks(graded, case):
+    name = "ex02_editor_dropped_all_metadata.ipynb" if case.name == "editor_dropped_all_metadata" else case.name + ".ipynb"
+    entry = graded["results"][name]
+    parts = {part["name"]: part for part in entry["parts"]}
+    assert list(parts) == PARTS
+    for part, phrase in case.zero.items():
+        assert parts[part]["score"] == 0, parts[part]
+        assert phrase in parts[part]["message"], parts[part]["message"]
+        assert "Traceback" not in parts[part]["message"]
+    for part in [p for p in PARTS if p not in case.zero]:
+        assert parts[part]["score"] == parts[part]["max_score"], (part, parts[part]["message"])
+
+
+def test_metadata_fallback_is_reported(graded):
+    entry = graded["results"]["ex02_editor_dropped_all_metadata.ipynb"]
+    assert "matched by function name" in entry["message"]
+
+
+@pytest.mark.parametrize("name, phrase", [
+    ("notes.txt", "not a notebook"),
+    ("malformed.ipynb", "could not read the notebook"),
+    ("valid_json_not_a_notebook.ipynb", "could not read the notebook"),
+])
+def test_files_that_are_not_notebooks_get_a_clear_message(graded, name, phrase):
+    entry = graded["results"][name]
+    assert entry["score"] == 0 and phrase in entry["message"] and "Traceback" not in entry["message"]
+
+
+def test_checkpoints_are_skipped_and_nothing_crashed(graded):
+    assert "raises-checkpoint.ipynb" not in graded["results"]
+    assert "Traceback" not in graded["stdout"] + graded["stderr"]
