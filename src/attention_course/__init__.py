@@ -37,3 +37,13 @@ from attention_course.positional import (
     sinusoidal_positional_encoding,
 )
 from attention_course.transformer import Decoder, Encoder, Transformer
+
+# Chapter 11: making attention fast
+from attention_course.efficient import (
+    KVCache,
+    cached_greedy_decode,
+    layer_macs,
+    measure_peak_memory,
+    online_softmax_update,
+    tiled_attention,
+)

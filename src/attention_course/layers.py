@@ -13,6 +13,8 @@ layers that compute the same function as PyTorch's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -186,15 +188,31 @@ class DecoderLayer(nn.Module):
 
         ``self_mask`` must be causal for training with teacher forcing; it is not added automatically.
         """
+        return self.wire_sublayers(
+            x,
+            self_attention=lambda h: self.self_attention_block(h, self_mask),
+            cross_attention=lambda h: self.cross_attention_block(h, memory, memory_mask),
+        )
+
+    def wire_sublayers(
+        self, x: Tensor, self_attention: Callable[[Tensor], Tensor], cross_attention: Callable[[Tensor], Tensor]
+    ) -> Tensor:
+        """The layer's residual connections and LayerNorms around its three sub-layers, post- or pre-norm.
+
+        ``forward`` passes its attention branches; incremental decoding with a key–value cache
+        (:func:`attention_course.efficient.decoder_layer_step`) passes cached ones, so both share this wiring.
+
+        Args:
+            x: ``(B, t, d_model)``.
+            self_attention, cross_attention: branches ``(B, t, d_model) -> (B, t, d_model)``, dropout included.
+        """
         if self.norm_first:
-            x = x + self.self_attention_block(self.norm1(x), self_mask)
-            x = x + self.cross_attention_block(self.norm2(x), memory, memory_mask)
-            x = x + self.feed_forward_block(self.norm3(x))
-        else:
-            x = self.norm1(x + self.self_attention_block(x, self_mask))
-            x = self.norm2(x + self.cross_attention_block(x, memory, memory_mask))
-            x = self.norm3(x + self.feed_forward_block(x))
-        return x
+            x = x + self_attention(self.norm1(x))
+            x = x + cross_attention(self.norm2(x))
+            return x + self.feed_forward_block(self.norm3(x))
+        x = self.norm1(x + self_attention(x))
+        x = self.norm2(x + cross_attention(x))
+        return self.norm3(x + self.feed_forward_block(x))
 
     @classmethod
     def from_torch(cls, module: nn.TransformerDecoderLayer) -> DecoderLayer:

@@ -1,0 +1,401 @@
+"""Exercise 11, making attention fast: the checks behind ``exercises/ex11_efficient_attention.ipynb``.
+
+The learner builds chapter 11's core: appending new keys and values to a KV cache, the online-softmax
+update (a running maximum and a running sum over blocks of scores), one block step of tiled attention, and
+tiled attention itself, which must never create a tensor as large as the score matrix.
+
+References are computed in float64 in the checking process from PyTorch (``torch.cat``,
+``torch.logsumexp``, ``F.scaled_dot_product_attention``) and from the library
+(:func:`attention_course.efficient.tiled_attention_step`); properties (the running maximum never decreases,
+``m + log ℓ`` is the log-sum-exp of all scores seen, ``O / ℓ`` is the attention output over all keys seen,
+no tensor of the size of the score matrix) give the specific messages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.efficient import tiled_attention_step as reference_step
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _tuple_problem(output: Any, size: int, names: str) -> str | None:
+    if not isinstance(output, (tuple, list)) or len(output) != size:
+        got = f"a {type(output).__name__} of length {len(output)}" if isinstance(output, (tuple, list)) else \
+            type(output).__name__
+        return f"expected your function to return a tuple ({names}), got {got}"
+    return None
+
+
+def _dtype_problem(output: torch.Tensor, what: str, dtype: torch.dtype) -> str | None:
+    return None if output.dtype == dtype else f"expected {what} to keep the inputs' dtype {dtype}, got {output.dtype}"
+
+
+# --- part 1: appending to a KV cache ---------------------------------------------------------------------
+def _append_cases(g: torch.Generator) -> list[Case]:
+    def kv(batch: int, heads: int, length: int, d_k: int, d_v: int, dtype=torch.float32):
+        return _randn(g, batch, heads, length, d_k, dtype=dtype), _randn(g, batch, heads, length, d_v, dtype=dtype)
+
+    return [
+        Case("empty cache (None) and the first position", (None, None, *kv(2, 3, 1, 4, 4))),
+        Case("5 cached positions and 1 new one", (*kv(2, 3, 5, 4, 6), *kv(2, 3, 1, 4, 6))),
+        Case("4 cached positions and a prompt of 3 new ones", (*kv(1, 2, 4, 8, 8), *kv(1, 2, 3, 8, 8))),
+        Case("batch 3, 2 heads, 2 cached, 2 new (check the axis)", (*kv(3, 2, 2, 5, 3), *kv(3, 2, 2, 5, 3))),
+        Case("float64 tensors keep their dtype",
+             (*kv(1, 1, 3, 2, 2, torch.float64), *kv(1, 1, 1, 2, 2, torch.float64))),
+    ]
+
+
+def _verify_append(case: Case, output: Any) -> str | None:
+    past_k, past_v, new_k, new_v = case.args
+    expected_k = new_k if past_k is None else torch.cat([past_k, new_k], dim=-2)
+    expected_v = new_v if past_v is None else torch.cat([past_v, new_v], dim=-2)
+    past = 0 if past_k is None else past_k.shape[-2]
+
+    def order(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+        if torch.equal(_f64(actual), _f64(expected)):
+            return None
+        if past and torch.equal(_f64(actual[..., :new_k.shape[-2], :]), _f64(expected[..., past:, :])):
+            return f"your {what} start with the new positions: the cached ones must come first (oldest first)"
+        return (f"your {what} differ from the cached {what} followed by the new ones along the length "
+                "dimension (dim -2)")
+
+    return first_problem(
+        lambda: _tuple_problem(output, 2, "keys, values"),
+        lambda: tensor_problem(output[0], "your keys", expected_k.shape),
+        lambda: tensor_problem(output[1], "your values", expected_v.shape),
+        lambda: _dtype_problem(output[0], "your keys", new_k.dtype),
+        lambda: order("keys", output[0], expected_k),
+        lambda: order("values", output[1], expected_v),
+    )
+
+
+# --- part 2: the online-softmax update -------------------------------------------------------------------
+def _state_after(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running (max, sum) after the given scores, from their definition (the reference, never the learner's)."""
+    running_max = scores.amax(dim=-1)
+    shift = torch.where(torch.isneginf(running_max), torch.zeros_like(running_max), running_max)
+    return running_max, torch.exp(scores - shift[..., None]).sum(dim=-1)
+
+
+def _online_cases(g: torch.Generator) -> list[Case]:
+    def start(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full(shape, -math.inf, dtype=dtype), torch.zeros(shape, dtype=dtype)
+
+    previous = _randn(g, 4, 6, scale=2.0)
+    growing = _randn(g, 4, 5, scale=2.0)
+    growing[0] += 5.0  # row 0's maximum grows in this block, row 1's cannot
+    growing[1] -= 10.0
+    huge_previous, huge_block = 1e4 + _randn(g, 3, 4), 1e4 + _randn(g, 3, 4, scale=3.0)
+    masked_previous, masked_block = _randn(g, 3, 5), _randn(g, 3, 6)
+    masked_block[0, :3] = -math.inf
+    masked_block[1, :] = -math.inf  # a fully masked block: the state must not change
+    never_seen = torch.full((2, 3), -math.inf)
+    never_seen[1, 0] = 0.5
+    batched_previous = _randn(g, 2, 3, 4)
+    double_previous = _randn(g, 3, 7, dtype=torch.float64)
+    return [
+        Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), _randn(g, 4, 8))),
+        Case("a second block: state from 6 earlier scores, 5 new ones", (*_state_after(previous), growing),
+             data={"previous": previous}),
+        Case("a block of a single score per row", (*_state_after(previous), _randn(g, 4, 1)),
+             data={"previous": previous}),
+        Case("leading dimensions: state (2, 3), scores (2, 3, 5)", (*_state_after(batched_previous),
+                                                                   _randn(g, 2, 3, 5)),
+             data={"previous": batched_previous}),
+        Case("scores around 1e4 (overflow test)", (*_state_after(huge_previous), huge_block),
+             data={"previous": huge_previous, "stability": True}),
+        Case("masked scores (-inf), and a row whose whole block is masked", (*_state_after(masked_previous),
+                                                                            masked_block),
+             data={"previous": masked_previous}),
+        Case("a row that has seen no score yet and gets only -inf (must stay -inf, 0, not NaN)",
+             (*start(2), never_seen)),
+        Case("float64 keeps its dtype", (*_state_after(double_previous), _randn(g, 3, 4, dtype=torch.float64)),
+             data={"previous": double_previous}),
+    ]
+
+
+def _verify_online(case: Case, output: Any) -> str | None:
+    running_max, running_sum, scores = case.args
+    shape = running_max.shape
+    m, s = _f64(running_max), _f64(scores)
+    expected_max = torch.maximum(m, s.amax(dim=-1))
+    # m' + log ℓ' must be the log-sum-exp of everything seen: the old state's and the new block's.
+    old_lse = m + torch.log(_f64(running_sum))
+    total_lse = torch.logaddexp(old_lse, torch.logsumexp(s, dim=-1))
+    shift = torch.where(torch.isneginf(expected_max), torch.zeros_like(expected_max), expected_max)
+    expected_sum = torch.exp(total_lse - shift)
+    stability = " (subtract the new running maximum inside exp)" if case.data.get("stability") else ""
+
+    def max_problem() -> str | None:
+        new_max = _f64(output[0])
+        if torch.isnan(new_max).any():
+            return "your running maximum contains NaN"
+        if (new_max < m).any():
+            return "your running maximum decreased for some row: it is the maximum of the old one and the block"
+        return close_problem(new_max.nan_to_num(neginf=-1e300), expected_max.nan_to_num(neginf=-1e300),
+                             "your running maximum", "max(old maximum, largest new score)", atol=1e-6, rtol=1e-7)
+
+    def sum_finite() -> str | None:
+        problem = finite_problem(output[1], "your running sum", by_rows=False)
+        return problem + stability if problem else None
+
+    def sum_problem() -> str | None:
+        problem = close_problem(output[1], expected_sum, "your running sum",
+                                "sum over all scores so far of exp(score - new maximum)", atol=1e-5, rtol=1e-4)
+        if problem is None:
+            return None
+        unscaled = _f64(running_sum) + torch.exp(s - shift[..., None]).sum(dim=-1)
+        if torch.allclose(_f64(output[1]), unscaled, atol=1e-5, rtol=1e-4):
+            return problem + "; the old sum must be rescaled by exp(old maximum - new maximum)"
+        return problem
+
+    return first_problem(
+        lambda: _tuple_problem(output, 2, "new_max, new_sum"),
+        lambda: tensor_problem(output[0], "your running maximum", shape),
+        lambda: tensor_problem(output[1], "your running sum", shape),
+        lambda: _dtype_problem(output[1], "your running sum", scores.dtype),
+        max_problem,
+        sum_finite,
+        sum_problem,
+    )
+
+
+# --- part 3: one block step of tiled attention -----------------------------------------------------------
+def _step_cases(g: torch.Generator) -> list[Case]:
+    def initial(*shape: int, d_v: int, dtype=torch.float32):
+        return (torch.zeros(*shape, d_v, dtype=dtype), torch.full(shape, -math.inf, dtype=dtype),
+                torch.zeros(shape, dtype=dtype))
+
+    def after(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
+        state = initial(*query.shape[:-1], d_v=value.shape[-1], dtype=query.dtype)
+        return reference_step(*state, query, key, value, scale)
+
+    def case(name: str, batch: tuple, bq: int, bk_prev: int, bk: int, d_k: int, d_v: int, scale_q: float = 1.0,
+             dtype=torch.float32, lower: bool = False) -> Case:
+        query = _randn(g, *batch, bq, d_k, scale=scale_q, dtype=dtype)
+        prev_k, prev_v = _randn(g, *batch, bk_prev, d_k, dtype=dtype), _randn(g, *batch, bk_prev, d_v, dtype=dtype)
+        key, value = _randn(g, *batch, bk, d_k, dtype=dtype), _randn(g, *batch, bk, d_v, dtype=dtype)
+        if lower:  # earlier keys include each query itself (score |q|²/√d_k > 0), new keys score about 0
+            prev_k[..., :bq, :] = query
+            key = key * 0.01
+        scale = 1.0 / math.sqrt(d_k)
+        if bk_prev:
+            state = after(query, prev_k, prev_v, scale)
+            data = {"previous_key": prev_k, "previous_value": prev_v}
+        else:
+            state, data = initial(*batch, bq, d_v=d_v, dtype=dtype), {}
+        data["stability"] = scale_q > 1.0
+        return Case(name, (*state, query, key, value, scale), data=data)
+
+    return [
+        case("the first block: 4 queries, 5 keys, d_k = 8, d_v = 6", (), 4, 0, 5, 8, 6),
+        case("a second block: 3 earlier keys, 4 new ones", (), 4, 3, 4, 8, 8),
+        case("leading dimensions (2, 3): batch and heads", (2, 3), 3, 5, 4, 4, 5),
+        case("large scores (in the hundreds: overflow test)", (), 4, 4, 4, 16, 4, scale_q=100.0),
+        case("new keys that score below the running maximum", (), 5, 6, 3, 8, 4, lower=True),
+        case("float64 keeps its dtype", (2,), 3, 2, 3, 4, 4, dtype=torch.float64),
+    ]
+
+
+def _verify_step(case: Case, output: Any) -> str | None:
+    accumulator, running_max, running_sum, query, key, value, scale = case.args
+    expected = reference_step(_f64(accumulator), _f64(running_max), _f64(running_sum), _f64(query), _f64(key),
+                              _f64(value), scale)
+    names = ("your accumulator", "your running maximum", "your running sum")
+
+    def shapes() -> str | None:
+        for actual, reference, name in zip(output, (accumulator, running_max, running_sum), names):
+            problem = tensor_problem(actual, name, reference.shape)
+            if problem:
+                return problem
+        return _dtype_problem(output[0], names[0], query.dtype)
+
+    def finite() -> str | None:
+        for actual, name in zip(output, names):
+            problem = finite_problem(actual, name, by_rows=False)
+            if problem:
+                return problem + (" (subtract the running maximum inside exp)" if case.data["stability"] else "")
+        return None
+
+    def attention_so_far() -> str | None:
+        # Property: after this step, O / ℓ is attention over every key seen so far (earlier block + this one).
+        keys, values = _f64(key), _f64(value)
+        if "previous_key" in case.data:
+            keys = torch.cat([_f64(case.data["previous_key"]), keys], dim=-2)
+            values = torch.cat([_f64(case.data["previous_value"]), values], dim=-2)
+        reference = F.scaled_dot_product_attention(_f64(query), keys, values, scale=scale)
+        ratio = _f64(output[0]) / _f64(output[2])[..., None]
+        return close_problem(ratio, reference, "accumulator / running sum",
+                             "F.scaled_dot_product_attention over all keys seen so far", atol=1e-4, rtol=1e-4)
+
+    def rescaled() -> str | None:
+        # Relative tolerances: state values scale with exp(scores - max), which is at most the number of keys.
+        for actual, reference, name in zip(output, expected, names):
+            problem = close_problem(actual, reference.nan_to_num(neginf=-1e300), name,
+                                    "the online-softmax update", atol=1e-4, rtol=1e-4)
+            if problem:
+                return problem
+        return None
+
+    return first_problem(
+        lambda: _tuple_problem(output, 3, "accumulator, running_max, running_sum"),
+        shapes,
+        finite,
+        rescaled,
+        attention_so_far,
+    )
+
+
+# --- part 4: tiled attention -----------------------------------------------------------------------------
+def _tiled_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: tuple, q_len: int, k_len: int, d_k: int, d_v: int, block: int,
+             scale_q: float = 1.0, dtype=torch.float32, memory: bool = False) -> Case:
+        query = _randn(g, *batch, q_len, d_k, scale=scale_q, dtype=dtype)
+        key, value = _randn(g, *batch, k_len, d_k, dtype=dtype), _randn(g, *batch, k_len, d_v, dtype=dtype)
+        return Case(name, (query, key, value, block), data={"memory": memory})
+
+    return [
+        case("8 queries, 8 keys, blocks of 4", (), 8, 8, 16, 16, 4),
+        case("10 queries, 13 keys, blocks of 4 (lengths not multiples of the block)", (), 10, 13, 8, 8, 4),
+        case("13 queries, 6 keys, blocks of 5, d_v = 3", (), 13, 6, 8, 3, 5),
+        case("leading dimensions (2, 3), 9 positions, blocks of 3", (2, 3), 9, 9, 8, 8, 3),
+        case("blocks of 1", (2,), 5, 7, 4, 4, 1),
+        case("one block larger than everything", (), 6, 9, 4, 4, 64),
+        case("large scores (in the hundreds)", (), 8, 8, 16, 8, 4, scale_q=100.0),
+        case("float64 keeps its dtype", (), 7, 7, 4, 4, 3, dtype=torch.float64),
+        case("256 queries and keys, blocks of 32: no tensor as large as the score matrix", (), 256, 256, 16, 16, 32,
+             memory=True),
+    ]
+
+
+def _run_tiled(obj: Any, case: Case) -> Any:
+    """Call the learner's function; for the memory case, also record the largest tensor any operation made."""
+    if not case.data.get("memory"):
+        return call_function(obj, case)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            for item in result if isinstance(result, (tuple, list)) else (result,):
+                if isinstance(item, torch.Tensor):
+                    LargestTensor.largest = max(LargestTensor.largest, item.numel())
+            return result
+
+    args, kwargs = case.fresh_args()
+    with LargestTensor():
+        output = obj(*args, **kwargs)
+    return output, LargestTensor.largest
+
+
+def _verify_tiled(case: Case, output: Any) -> str | None:
+    query, key, value, block = case.args
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    largest = None
+    if case.data.get("memory"):
+        if not isinstance(output, tuple) or len(output) != 2:
+            return "expected your function to return the output tensor"
+        output, largest = output
+    expected = F.scaled_dot_product_attention(_f64(query), _f64(key), _f64(value))
+
+    def memory() -> str | None:
+        # Allowed: the inputs' and the output's sizes, and tiles of (block, block) scores (with some slack).
+        d = max(query.shape[-1], value.shape[-1])
+        allowed = max(q_len * d, k_len * d, 4 * block * block)
+        if largest is None or largest <= allowed:
+            return None
+        what = "as large as the score matrix" if largest >= q_len * k_len else "larger than any input or tile"
+        return (f"your function created a tensor with {largest} elements, {what} (the full scores would have "
+                f"{q_len * k_len}): compute scores one ({block}, {block}) tile at a time, never for all keys at once")
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: _dtype_problem(output, "your output", query.dtype),
+        lambda: finite_problem(output, "your output"),
+        lambda: close_problem(output, expected, "your output", "F.scaled_dot_product_attention", atol=1e-5,
+                              rtol=1e-4),
+        memory,
+    )
+
+
+EXERCISE = Exercise(
+    id="ex11",
+    title="Making attention fast",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="cache_append",
+            function="cache_append",
+            points=1,
+            summary="append new keys and values to the cached ones along the length dimension",
+            hint="Keys and values have shape (batch, heads, length, d). torch.cat([old, new], dim=-2) puts the new "
+                 "positions after the cached ones. An empty cache is None: then the new tensors are the cache.",
+            make_cases=_append_cases,
+            verify=_verify_append,
+        ),
+        Part(
+            name="online_softmax_update",
+            function="online_softmax_update",
+            points=2,
+            summary="fold a block of scores into a running maximum m and running sum l = sum exp(s - m)",
+            hint="new_max = torch.maximum(running_max, scores.amax(dim=-1)). The old sum was relative to the old "
+                 "maximum: multiply it by exp(running_max - new_max), then add exp(scores - new_max[..., None]) "
+                 "summed over the block. Where new_max is -inf (nothing seen yet), subtract 0 instead, or "
+                 "exp(-inf - (-inf)) gives NaN.",
+            make_cases=_online_cases,
+            verify=_verify_online,
+        ),
+        Part(
+            name="tiled_attention_step",
+            function="tiled_attention_step",
+            points=3,
+            summary="one block of keys/values folded into (accumulator, running max, running sum)",
+            hint="Scores for the block: query @ key.transpose(-2, -1) * scale. Your online_softmax_update gives "
+                 "the new maximum and sum. The accumulator is rescaled like the sum, by "
+                 "exp(running_max - new_max)[..., None], then gets exp(scores - new_max[..., None]) @ value.",
+            make_cases=_step_cases,
+            verify=_verify_step,
+        ),
+        Part(
+            name="tiled_attention",
+            function="tiled_attention",
+            points=3,
+            summary="exact attention computed block by block, never forming the full score matrix",
+            hint="Loop over blocks of queries (query[..., q0:q0 + block_size, :]). For each, start from a zero "
+                 "accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values with "
+                 "your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
+                 "Concatenate the query blocks along dim -2.",
+            make_cases=_tiled_cases,
+            verify=_verify_tiled,
+            run=_run_tiled,
+        ),
+    ),
+)
