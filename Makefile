@@ -50,10 +50,10 @@ browser-deps:
 	@test -d tests/browser/node_modules/mathjax || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 
 # The whole suite: lint; library, notebook-structure and grader tests with every lesson and solution notebook
-# re-executed by nbval (two workers, one notebook per worker at a time); the book build; the built site, offline
-# and in Chromium.
+# re-executed by nbval (two workers with one thread each: two busy workers sharing threads stall each other);
+# the book build; the built site, offline and in Chromium.
 test: lint
-	$(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading \
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 chapters exercises/solutions
 	$(MAKE) book
 	$(MAKE) browser-deps
