@@ -493,7 +493,8 @@ class DecodingCache:
 
     Attributes:
         self_attention: one :class:`KVCache` per decoder layer.
-        cross_keys, cross_values: one ``(B, H, Ls, d_head)`` tensor per decoder layer.
+        cross_keys: one ``(B, H, Ls, d_head)`` tensor per decoder layer.
+        cross_values: one ``(B, H, Ls, d_head)`` tensor per decoder layer.
         position: how many target positions have been decoded so far.
     """
 

@@ -29,8 +29,11 @@ class MultiHeadAttention(nn.Module):
         bias: whether the four projections have a bias.
 
     Attributes:
-        w_q, w_k, w_v, w_o: the ``nn.Linear(d_model, d_model)`` projections. Row-vector convention:
+        w_q: the query projection, ``nn.Linear(d_model, d_model)``. Row-vector convention:
             ``Q = query @ w_q.weight.T + w_q.bias``.
+        w_k: the key projection, ``nn.Linear(d_model, d_model)``.
+        w_v: the value projection, ``nn.Linear(d_model, d_model)``.
+        w_o: the output projection applied to the merged heads, ``nn.Linear(d_model, d_model)``.
 
     Shapes (B = batch, Lq = query length, Lk = key/value length):
         ``forward(query (B, Lq, d_model), key (B, Lk, d_model), value (B, Lk, d_model), mask)`` returns

@@ -18,8 +18,8 @@ from torch import nn
 
 __all__ = ["PAPER_CONFIGS", "count_parameters", "transformer_parameter_count"]
 
-# The two models of the paper's Table 3, with the sizes they report. "vocab_size" is the shared
-# byte-pair vocabulary of about 37000 tokens used for English-German (paper §5.1).
+#: The two models of the paper's Table 3, with the sizes they report. "vocab_size" is the shared
+#: byte-pair vocabulary of about 37000 tokens used for English-German (paper §5.1).
 PAPER_CONFIGS: dict[str, dict[str, int | float]] = {
     "base": {
         "num_layers": 6,

@@ -30,7 +30,7 @@ __all__ = [
     "use_course_style",
 ]
 
-#: Sequential colormap for weights in [0, 1]: perceptually uniform and colour-blind safe.
+#: Sequential colormap for weights in [0, 1], perceptually uniform and colour-blind safe.
 ATTENTION_CMAP = "viridis"
 #: Diverging colormap for signed values (e.g. positional encodings), also colour-blind safe.
 DIVERGING_CMAP = "RdBu_r"

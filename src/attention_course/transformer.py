@@ -159,9 +159,11 @@ class Transformer(nn.Module):
         final_norm: final LayerNorm on both stacks; default: only for pre-norm (see :class:`Encoder`).
 
     Attributes:
-        src_embedding, tgt_embedding: ``nn.Embedding``; the same module when tied.
+        src_embedding: ``nn.Embedding`` of the source tokens.
+        tgt_embedding: ``nn.Embedding`` of the target tokens; the same module as ``src_embedding`` when tied.
         positional_encoding: :class:`PositionalEncoding` with dropout, used for source and target.
-        encoder, decoder: :class:`Encoder` and :class:`Decoder`.
+        encoder: the :class:`Encoder`.
+        decoder: the :class:`Decoder`.
         generator: ``nn.Linear(d_model, tgt_vocab_size)``, decoder states -> logits.
 
     Token embeddings are multiplied by √d_model before positions are added. They are initialised with

@@ -42,7 +42,11 @@ def page_for(entry: str) -> Path:
 
 
 def main_content(page: Path):
-    return soup(page).find("main") or soup(page)
+    """The page's <main>, without the theme's print-only copy of the title (a second, hidden h1)."""
+    document = BeautifulSoup(str(soup(page).find("main") or soup(page)), "html.parser")
+    for print_only in document.select(".onlyprint"):
+        print_only.decompose()
+    return document
 
 
 def internal_links(page: Path) -> list[tuple[str, Path, str]]:

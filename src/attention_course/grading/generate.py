@@ -4,7 +4,8 @@
 ``exercises/solutions/*.ipynb`` and writes ``exercises/<same name>.ipynb``:
 
 - code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes a ``raise NotImplementedError``
-  stub, or the block's ``### BUGGY`` starting code (see :func:`notebook_format.learner_source`);
+  stub, or the block's ``### BUGGY`` starting code
+  (see :func:`~attention_course.grading.notebook_format.learner_source`);
 - cells tagged ``solution-only`` are dropped, ``hide-input`` tags are removed;
 - outputs and execution counts are stripped and cell ids renumbered, as ``nbstripout`` would.
 

@@ -7,7 +7,7 @@ once, runs no learner code itself, and forks a new worker process for every job.
 - starts its own session (so that killing its process group also kills anything it started);
 - has stdin from ``/dev/null`` and stdout/stderr written to ``JOB_DIR/output.log``;
 - closes every other file descriptor it inherited, including the launcher's pipes to the grader;
-- runs :func:`attention_course.grading.worker.run` and exits with ``os._exit``.
+- runs ``attention_course.grading.worker.run`` and exits with ``os._exit``.
 
 The launcher reports each worker's pid and, once it has reaped it, its exit status. If the learner's
 code kills the launcher, the grader notices the closed pipe and starts a new launcher for the next job.

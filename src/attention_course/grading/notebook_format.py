@@ -50,6 +50,7 @@ TAG_HIDE_INPUT = "hide-input"
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
 END_SOLUTION = "### END SOLUTION"
 BUGGY = "### BUGGY"
+#: The two lines that replace a solution block without a BUGGY starting code in the learner notebook.
 STUB = ("# YOUR CODE HERE", 'raise NotImplementedError("replace this line with your code")')
 MARKDOWN_STUB = "*Write your answer here.*"
 

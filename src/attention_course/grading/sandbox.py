@@ -38,7 +38,8 @@ DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
 STARTUP_TIMEOUT = 120.0  # seconds for Python, torch and the preamble to start (a loaded machine is slow)
 _POLL = 0.02
 _RESULT_ALLOWANCE = 64_000_000  # bytes a worker may write to files beyond its output (results)
-MISSING = "missing"  # failure marker: the learner's cells did not define the part's function
+#: Failure marker of a part whose function the learner's cells did not define.
+MISSING = "missing"
 
 
 @dataclass

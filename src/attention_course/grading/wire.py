@@ -30,12 +30,14 @@ __all__ = [
     "where",
 ]
 
-MAX_ELEMENTS = 5_000_000  # per tensor: no exercise returns more; bigger outputs are refused, not shipped
+#: Most elements a tensor may have on the wire (no exercise returns more); bigger outputs are refused, not shipped.
+MAX_ELEMENTS = 5_000_000
 _MAX_ITEMS = 1_000  # per list, tuple or dict
 _MAX_DEPTH = 8
 _MAX_STRING = 2_000
 _UNSUPPORTED = "__unsupported_type__"
 
+#: The wire form of a function that raised NotImplementedError (a part not attempted yet).
 NOT_IMPLEMENTED: dict[str, str] = {"status": "not_implemented"}
 
 
