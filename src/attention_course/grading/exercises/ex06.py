@@ -1,0 +1,586 @@
+"""Exercise 06, multi-head attention: the checks behind ``exercises/ex06_multi_head_attention.ipynb``.
+
+The learner builds chapter 06's core with the course's conventions (row vectors, batch-first shapes, boolean
+masks with True = may attend): splitting ``(B, L, d_model)`` into heads ``(B, h, L, d_head)`` and merging them
+back, the multi-head forward pass with a parameter dictionary ``W_q, b_q, ..., W_o, b_o`` (row convention,
+``Q = X W_q + b_q``), reading those parameters out of ``nn.MultiheadAttention``, and reproducing that module's
+outputs with its True = blocked masks.
+
+References are computed in float64 in the checking process with ``nn.MultiheadAttention`` (weights copied in)
+or, for the one case PyTorch answers with NaN (a query with no allowed key), with the library's
+:class:`~attention_course.MultiHeadAttention`. Diagnoses recognise the usual mistakes: the direct reshape that
+scrambles heads and positions, merging without the transpose, the 1/√d_model scale, a missing output
+projection, averaged weights, inverted masks and untransposed ``in_proj_weight`` blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt_shape,
+    non_negative_problem,
+    rows_sum_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.multihead import MultiHeadAttention
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+"""
+
+PARAM_NAMES = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=g) * scale
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
+    return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
+        torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=1e-4))
+
+
+def _run_expecting_error(obj: Any, case: Case) -> Any:
+    """Call the learner's function; for a case that must raise, report what was raised as plain data."""
+    if "error" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    try:
+        returned = obj(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # what was raised is the answer here; verify gives the verdict
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"returned": returned}
+
+
+def _error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str | None:
+    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
+        return "your output could not be read"
+    if "returned" in output:
+        return f"expected a ValueError because {why}, but your function returned normally"
+    kind, message = output["raised"], str(output.get("message", ""))
+    if kind != "ValueError":
+        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
+    missing = [str(n) for n in numbers if str(n) not in message]
+    if missing:
+        return f"your ValueError should name the offending sizes ({', '.join(map(str, numbers))}); " \
+               f"its message is {message[:120]!r}"
+    return None
+
+
+# --- part 1: split heads -------------------------------------------------------------------------------
+def _split_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("x (2, 5, 12), 3 heads of 4", (_randn(g, 2, 5, 12), 3)),
+        Case("x (1, 4, 8), 2 heads of 4", (_randn(g, 1, 4, 8), 2)),
+        Case("one head: x (3, 6, 5), 1 head of 5", (_randn(g, 3, 6, 5), 1)),
+        Case("one feature per head: x (2, 3, 4), 4 heads of 1", (_randn(g, 2, 3, 4), 4)),
+        Case("d_model = 10, 4 heads: must raise ValueError naming 10 and 4", (_randn(g, 2, 3, 10), 4),
+             data={"error": True}),
+    ]
+
+
+def _expected_split(x: torch.Tensor, h: int) -> torch.Tensor:
+    B, L, d = x.shape
+    return x.reshape(B, L, h, d // h).transpose(1, 2)
+
+
+def _verify_split(case: Case, output: Any) -> str | None:
+    x, h = case.args
+    B, L, d = x.shape
+    if case.data.get("error"):
+        return _error_problem(output, (d, h), f"d_model = {d} is not divisible by num_heads = {h}")
+    expected = _expected_split(x, h)
+
+    def diagnosis() -> str | None:
+        if h > 1 and L > 1 and _matches(output, x.reshape(B, h, L, d // h)):
+            return ("your split reshapes straight to (B, h, L, d_head), which scrambles heads and positions "
+                    "(head 0 gets pieces of the first tokens only); reshape to (B, L, h, d_head) first, then "
+                    "transpose(1, 2)")
+        if h > 1 and d // h > 1 and _matches(output, x.reshape(B, L, d // h, h).permute(0, 3, 1, 2)):
+            return ("your head 0 holds features 0, h, 2h, ...: split the last dimension as (h, d_head), so that "
+                    "head i gets the consecutive features i*d_head .. (i+1)*d_head - 1")
+        return None
+
+    def head_blocks() -> str | None:
+        d_head = d // h
+        for i in range(h):
+            block = x[:, :, i * d_head:(i + 1) * d_head]
+            if not torch.allclose(_f64(output[:, i]), _f64(block), atol=1e-6):
+                return (f"head {i} of your output should be features {i * d_head}..{(i + 1) * d_head - 1} of every "
+                        "token, x[:, :, i*d_head:(i+1)*d_head]")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your split", expected.shape),
+        diagnosis,
+        head_blocks,
+        lambda: close_problem(output, expected, "your split", "x.view(B, L, h, d_head).transpose(1, 2)"),
+    )
+
+
+# --- part 2: merge heads -------------------------------------------------------------------------------
+def _merge_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("x (2, 3, 5, 4): 3 heads of 4 -> (2, 5, 12)", (_randn(g, 2, 3, 5, 4),)),
+        Case("x (1, 2, 6, 8)", (_randn(g, 1, 2, 6, 8),)),
+        Case("one head: x (2, 1, 4, 6)", (_randn(g, 2, 1, 4, 6),)),
+        Case("x (3, 4, 7, 1): heads of one feature", (_randn(g, 3, 4, 7, 1),)),
+        Case("as many heads as tokens: x (2, 5, 5, 3)", (_randn(g, 2, 5, 5, 3),)),
+    ]
+
+
+def _verify_merge(case: Case, output: Any) -> str | None:
+    (x,) = case.args
+    B, h, L, d_head = x.shape
+    expected = x.transpose(1, 2).reshape(B, L, h * d_head)
+
+    def diagnosis() -> str | None:
+        if h > 1 and L > 1 and _matches(output, x.reshape(B, L, h * d_head)):
+            return ("your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
+                    "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your merged tensor", expected.shape),
+        diagnosis,
+        lambda: close_problem(output, expected, "your merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),
+    )
+
+
+# --- part 3: the multi-head forward pass ---------------------------------------------------------------
+def _params(g: torch.Generator, d_model: int) -> dict[str, torch.Tensor]:
+    params = {}
+    for name in "qkvo":
+        params[f"W_{name}"] = _randn(g, d_model, d_model, scale=d_model ** -0.5)
+        params[f"b_{name}"] = _randn(g, d_model, scale=0.1)
+    return params
+
+
+def _forward_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, B: int, Lq: int, Lk: int, d: int, h: int, mask: torch.Tensor | None = None,
+             self_attention: bool = False, same_kv: bool = True, scale: float = 1.0,
+             data: dict[str, Any] | None = None) -> Case:
+        query = _randn(g, B, Lq, d, scale=scale)
+        key = query.clone() if self_attention else _randn(g, B, Lk, d, scale=scale)
+        value = key.clone() if same_kv else _randn(g, B, Lk, d)
+        return Case(name, (query, key, value, _params(g, d), h), {"mask": mask}, data or {})
+
+    lengths = torch.tensor([6, 3])
+    padding = (torch.arange(6) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    no_key = torch.ones(2, 1, 4, 5, dtype=torch.bool)
+    no_key[1, 0, 2] = False  # query 2 of batch item 1 may attend to nothing
+    return [
+        case("self-attention: x (2, 5, 12), 3 heads", 2, 5, 5, 12, 3, self_attention=True),
+        case("cross-attention: 4 queries, 7 keys, d_model = 8, 2 heads", 2, 4, 7, 8, 2),
+        case("key and value are different tensors", 1, 3, 6, 8, 4, same_kv=False),
+        case("d_model = 64, 8 heads: each head is scaled by 1/sqrt(8), not 1/sqrt(64)", 1, 4, 6, 64, 8, scale=3.0),
+        case("one head: plain attention with projections", 2, 3, 4, 6, 1),
+        case("padding mask (B, 1, 1, Lk): item 1 has 3 real keys of 6", 2, 4, 6, 8, 2, mask=padding),
+        case("causal mask (L, L), self-attention", 2, 5, 5, 8, 2, mask=causal, self_attention=True),
+        case("a query with no allowed key: zero weights, output = b_o, no NaN (also in the gradient)", 2, 4, 5, 8, 2,
+             mask=no_key, data={"gradient": True}),
+    ]
+
+
+def _run_forward(obj: Any, case: Case) -> Any:
+    """Call the learner's function; for the gradient case also return d(sum of outputs)/d(query)."""
+    if not case.data.get("gradient"):
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    query = args[0].clone().requires_grad_(True)
+    result = obj(query, *args[1:], **kwargs)
+    grad = None
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor) and \
+            result[0].requires_grad:
+        (grad,) = torch.autograd.grad(result[0].sum(), query, allow_unused=True)
+    return {"result": result, "grad": grad}
+
+
+def _torch_module(params: dict[str, torch.Tensor], h: int) -> nn.MultiheadAttention:
+    """An nn.MultiheadAttention (float64, batch-first) holding ``params`` (row convention)."""
+    d = params["W_q"].shape[0]
+    module = nn.MultiheadAttention(d, h, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([_f64(params[f"W_{n}"]).T for n in "qkv"]))
+        module.in_proj_bias.copy_(torch.cat([_f64(params[f"b_{n}"]) for n in "qkv"]))
+        module.out_proj.weight.copy_(_f64(params["W_o"]).T)
+        module.out_proj.bias.copy_(_f64(params["b_o"]))
+    return module.eval()
+
+
+def _reference_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: dict[str, torch.Tensor],
+                       h: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(output, weights (B, h, Lq, Lk), name of the reference) in float64."""
+    module = _torch_module(params, h)
+    B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+    if mask is not None and not bool(mask.expand(B, h, Lq, Lk).any(dim=-1).all()):
+        # PyTorch gives NaN for a query with no allowed key; the library gives zero weights (course convention).
+        library = MultiHeadAttention.from_torch(module).eval()
+        with torch.no_grad():
+            out, weights = library(_f64(query), _f64(key), _f64(value), mask=mask)
+        return out, weights, "ac.MultiHeadAttention"
+    attn_mask = None if mask is None else ~mask.expand(B, h, Lq, Lk).reshape(B * h, Lq, Lk)  # True = blocked
+    with torch.no_grad():
+        out, weights = module(_f64(query), _f64(key), _f64(value), attn_mask=attn_mask, need_weights=True,
+                              average_attn_weights=False)
+    return out, weights, "nn.MultiheadAttention"
+
+
+def _library_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, module: nn.MultiheadAttention,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+    """The library's output for ``module``'s weights with a course mask (True = may attend), float64."""
+    library = MultiHeadAttention.from_torch(module.to(torch.float64)).eval()
+    with torch.no_grad():
+        out, _ = library(_f64(query), _f64(key), _f64(value), mask=mask)
+    return out
+
+
+def _manual_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: dict[str, torch.Tensor],
+                    h: int, scale: float, project_output: bool = True) -> torch.Tensor:
+    """Unmasked multi-head attention with a chosen scale, for recognising wrong answers."""
+    p = {name: _f64(t) for name, t in params.items()}
+    q = _expected_split(_f64(query) @ p["W_q"] + p["b_q"], h)
+    k = _expected_split(_f64(key) @ p["W_k"] + p["b_k"], h)
+    v = _expected_split(_f64(value) @ p["W_v"] + p["b_v"], h)
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
+    B, _, Lq, d_head = q.shape
+    merged = (weights @ v).transpose(1, 2).reshape(B, Lq, h * d_head)
+    return merged @ p["W_o"] + p["b_o"] if project_output else merged
+
+
+def _pair_problem(output: Any) -> str | None:
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return "expected your function to return a tuple (output, weights)"
+    return None
+
+
+def _verify_forward(case: Case, output: Any) -> str | None:
+    query, key, value, params, h = case.args
+    mask = case.kwargs["mask"]
+    B, Lq, d = query.shape
+    Lk = key.shape[1]
+    expected_out, expected_w, reference = _reference_forward(query, key, value, params, h, mask)
+    case_grad = None
+    if case.data.get("gradient"):
+        if not isinstance(output, dict) or "result" not in output:
+            return "your output could not be read"
+        output, case_grad = output["result"], output.get("grad")
+    problem = _pair_problem(output)
+    if problem:
+        return problem
+    out, weights = output
+    no_key = None if mask is None else ~mask.expand(B, h, Lq, Lk).any(dim=-1)  # (B, h, Lq)
+
+    def weights_shape() -> str | None:
+        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
+            return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head, "
+                    f"shape {fmt_shape(expected_w.shape)}, not their average")
+        return tensor_problem(weights, "your weights", expected_w.shape)
+
+    def diagnosis() -> str | None:
+        if mask is None and h > 1 and _matches(out, _manual_forward(query, key, value, params, h, 1 / math.sqrt(d))):
+            return (f"your scores are divided by sqrt(d_model) = sqrt({d}); each head's scores are dot products of "
+                    f"d_head = {d // h} features, so divide by sqrt(d_head) = sqrt({d // h})")
+        if mask is None and isinstance(out, torch.Tensor) and _matches(
+                out, _manual_forward(query, key, value, params, h, 1 / math.sqrt(d // h), project_output=False)):
+            return "your output is the concatenated heads; finish with the output projection: @ W_o + b_o"
+        if mask is not None and not bool(mask.all()) and _matches(
+                out, _library_forward(query, key, value, _torch_module(params, h), ~mask)):
+            return "you blocked the keys where the mask is True; in this course True means \"may attend\""
+        return None
+
+    def gradient() -> str | None:
+        grad = case_grad
+        if grad is None:
+            return None
+        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(query.shape):
+            return "could not compute the gradient of your output with respect to the query"
+        if not bool(torch.isfinite(grad).all()):
+            return ("the gradient of your output with respect to the query contains NaN for the query with no "
+                    "allowed key: -inf scores make softmax compute 0/0 in the backward pass too; fill blocked "
+                    "scores with a large negative finite number such as torch.finfo(scores.dtype).min")
+        return None
+
+    def empty_rows() -> str | None:
+        if no_key is None or not bool(no_key.any()):
+            return None
+        b, head, q = (int(i) for i in no_key.nonzero()[0])
+        if not torch.isfinite(weights[b, head, q]).all() or not torch.isfinite(out[b, q]).all():
+            return (f"query {q} of batch item {b} has no allowed key and your result there contains NaN; give such "
+                    "a row zero weights (fill blocked scores with a large negative finite number, or zero the row "
+                    "after the softmax)")
+        if not torch.allclose(_f64(weights[b, head, q]), torch.zeros(Lk, dtype=torch.float64)):
+            return (f"query {q} of batch item {b} has no allowed key, so its weights must be all zero, got "
+                    f"{[round(float(w), 3) for w in weights[b, head, q]]}")
+        return None
+
+    return first_problem(
+        weights_shape,
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        empty_rows,
+        lambda: finite_problem(weights, "your weights"),
+        lambda: finite_problem(out, "your output"),
+        lambda: non_negative_problem(weights),
+        diagnosis,
+        lambda: rows_sum_problem(weights, skip_rows=no_key),
+        gradient,
+        lambda: close_problem(weights, expected_w, "your weights", f"the per-head weights of {reference}"),
+        lambda: close_problem(out, expected_out, "your output", reference),
+    )
+
+
+# --- part 4: parameters from nn.MultiheadAttention ----------------------------------------------------
+def _module_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, d: int, h: int, bias: bool = True) -> Case:
+        module = nn.MultiheadAttention(d, h, bias=bias, batch_first=True, device="meta")  # shapes only, no RNG
+        names = list(module.state_dict())
+        state = [_randn(g, *module.state_dict()[key].shape, scale=0.3) for key in names]
+        # The weights travel as the case's arguments; run() loads them into a module for the learner.
+        return Case(name, tuple(state), data={"d_model": d, "num_heads": h, "bias": bias, "names": names,
+                                              "x": _randn(g, 2, 4, d)})
+
+    return [
+        case("d_model = 8, 2 heads", 8, 2),
+        case("d_model = 12, 3 heads", 12, 3),
+        case("one head, d_model = 6", 6, 1),
+        case("bias=False: the biases are zero vectors", 8, 4, bias=False),
+    ]
+
+
+def _state(case: Case) -> dict[str, torch.Tensor]:
+    """The module's state dict: in case.data for part 5, in the case's arguments for part 4."""
+    if "state" in case.data:
+        return case.data["state"]
+    return dict(zip(case.data["names"], case.args))
+
+
+def _build_module(case: Case) -> nn.MultiheadAttention:
+    data = case.data
+    module = nn.MultiheadAttention(data["d_model"], data["num_heads"], bias=data["bias"], batch_first=True)
+    module.load_state_dict(_state(case))
+    return module.eval()
+
+
+def _run_params(obj: Any, case: Case) -> Any:
+    return obj(_build_module(case))
+
+
+def _expected_params(case: Case) -> dict[str, torch.Tensor]:
+    state, d = _state(case), case.data["d_model"]
+    w_q, w_k, w_v = state["in_proj_weight"].chunk(3, dim=0)  # each (d, d) in (out, in) layout
+    params = {"W_q": w_q.T, "W_k": w_k.T, "W_v": w_v.T, "W_o": state["out_proj.weight"].T}
+    if case.data["bias"]:
+        b_q, b_k, b_v = state["in_proj_bias"].chunk(3)
+        params.update({"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": state["out_proj.bias"]})
+    else:
+        params.update({f"b_{n}": torch.zeros(d) for n in "qkvo"})
+    return params
+
+
+def _verify_params(case: Case, output: Any) -> str | None:
+    expected = _expected_params(case)
+    if not isinstance(output, dict):
+        return f"expected a dict with the keys {', '.join(PARAM_NAMES)}, got {type(output).__name__}"
+    missing = [name for name in PARAM_NAMES if name not in output]
+    if missing:
+        return f"your dict is missing the keys {missing}; expected {', '.join(PARAM_NAMES)}"
+    for name in PARAM_NAMES:
+        actual, want = output[name], expected[name]
+        problem = tensor_problem(actual, f"your {name}", want.shape)
+        if problem:
+            if name.startswith("b_") and not case.data["bias"]:
+                problem += " (the module has no biases: return torch.zeros(d_model))"
+            return problem
+        if _matches(actual, want):
+            continue
+        if name.startswith("W_") and _matches(actual, want.T):
+            return (f"your {name} is the transpose of what the row convention needs: PyTorch stores Linear-style "
+                    f"weights as (out, in), so W = block.T (Q = X @ W_q)")
+        for other in PARAM_NAMES:
+            if other != name and other[0] == name[0] and _matches(actual, expected[other]):
+                return (f"your {name} holds {other}: in_proj_weight stacks the query, key and value blocks in the "
+                        "order q, k, v (rows 0..d-1, d..2d-1, 2d..3d-1)")
+        return close_problem(actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")
+    # Everything matches: confirm the parameters reproduce the module itself.
+    module = _build_module(case)
+    x = case.data["x"]
+    with torch.no_grad():
+        reference, _ = module(x, x, x, need_weights=False)
+    mine = _manual_forward(x, x, x, output, case.data["num_heads"], 1 / math.sqrt(
+        case.data["d_model"] // case.data["num_heads"]))
+    return close_problem(mine, reference, "multi-head attention with your parameters", "module(x, x, x)")
+
+
+# --- part 5: reproduce nn.MultiheadAttention, masks included ------------------------------------------
+def _torch_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, d: int, h: int, Lq: int, Lk: int, key_padding: torch.Tensor | None = None,
+             attn_mask: torch.Tensor | None = None, self_attention: bool = False) -> Case:
+        module = nn.MultiheadAttention(d, h, batch_first=True, device="meta")  # shapes only, no RNG
+        state = {key: _randn(g, *value.shape, scale=0.3) for key, value in module.state_dict().items()}
+        query = _randn(g, 2, Lq, d)
+        key = query.clone() if self_attention else _randn(g, 2, Lk, d)
+        return Case(name, (query, key, key.clone()), {"key_padding_mask": key_padding, "attn_mask": attn_mask},
+                    {"d_model": d, "num_heads": h, "bias": True, "state": state})
+
+    padding = torch.tensor([[False] * 6, [False, False, False, True, True, True]])  # True = padding (blocked)
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True above the diagonal: blocked
+    return [
+        case("no masks: self-attention, d_model = 8, 2 heads", 8, 2, 5, 5, self_attention=True),
+        case("cross-attention, 4 queries and 6 keys, 4 heads", 8, 4, 4, 6),
+        case("key_padding_mask (B, Lk), True = padding", 12, 3, 4, 6, key_padding=padding),
+        case("attn_mask (L, L), True above the diagonal (causal)", 8, 2, 5, 5, attn_mask=future, self_attention=True),
+        case("both masks at once", 8, 2, 5, 6, key_padding=padding,
+             attn_mask=torch.tensor([[False, False, True, False, False, False]]).expand(5, 6).clone()),
+    ]
+
+
+def _run_torch(obj: Any, case: Case) -> Any:
+    args, kwargs = case.fresh_args()
+    return obj(_build_module(case), *args, **kwargs)
+
+
+def _verify_torch(case: Case, output: Any) -> str | None:
+    query, key, value = case.args
+    key_padding, attn_mask = case.kwargs["key_padding_mask"], case.kwargs["attn_mask"]
+    module = _build_module(case).to(torch.float64)
+    h = case.data["num_heads"]
+
+    def run(kp: torch.Tensor | None, am: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return module(_f64(query), _f64(key), _f64(value), key_padding_mask=kp, attn_mask=am,
+                          need_weights=True, average_attn_weights=False)
+
+    expected_out, expected_w = run(key_padding, attn_mask)
+    problem = _pair_problem(output)
+    if problem:
+        return problem
+    out, weights = output
+
+    def inverted() -> str | None:
+        variants = []  # (which masks were left uninverted, course mask the learner then used)
+        for flip_kp in ([False, True] if key_padding is not None else [False]):
+            for flip_am in ([False, True] if attn_mask is not None else [False]):
+                if not (flip_kp or flip_am):
+                    continue
+                allowed = None
+                if key_padding is not None:
+                    allowed = (key_padding if flip_kp else ~key_padding)[:, None, None, :]
+                if attn_mask is not None:
+                    am = attn_mask if flip_am else ~attn_mask
+                    allowed = am if allowed is None else allowed & am
+                names = [n for n, f in (("key_padding_mask", flip_kp), ("attn_mask", flip_am)) if f]
+                variants.append((" and ".join(names), allowed))
+        for names, allowed in variants:
+            if _matches(out, _library_forward(query, key, value, _build_module(case), allowed)):
+                return (f"you used {names} without inverting it: nn.MultiheadAttention's masks mean True = blocked, "
+                        "the course's True = may attend; convert with ~mask")
+        return None
+
+    def shape() -> str | None:
+        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
+        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
+            return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head "
+                    f"{fmt_shape(expected_w.shape)} (PyTorch's average_attn_weights=False)")
+        return tensor_problem(weights, "your weights", expected_w.shape)
+
+    return first_problem(
+        shape,
+        lambda: tensor_problem(out, "your output", expected_out.shape),
+        lambda: finite_problem(out, "your output"),
+        lambda: finite_problem(weights, "your weights"),
+        inverted,
+        lambda: rows_sum_problem(weights),
+        lambda: close_problem(weights, expected_w, "your weights", "module(..., average_attn_weights=False)"),
+        lambda: close_problem(out, expected_out, "your output", "module(query, key, value, masks)"),
+    )
+
+
+EXERCISE = Exercise(
+    id="ex06",
+    title="Multi-head attention",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="split_heads",
+            function="split_heads",
+            points=1,
+            summary="(B, L, d_model) -> (B, h, L, d_head), head i = features i*d_head..(i+1)*d_head-1",
+            hint="x.view(B, L, num_heads, d_model // num_heads) relabels each token's features as (head, feature); "
+                 "then .transpose(1, 2) moves the heads in front of the positions. Check d_model % num_heads "
+                 "first and raise ValueError(f'...{d_model}...{num_heads}...').",
+            make_cases=_split_cases,
+            verify=_verify_split,
+            run=_run_expecting_error,
+        ),
+        Part(
+            name="merge_heads",
+            function="merge_heads",
+            points=1,
+            summary="(B, h, L, d_head) -> (B, L, h*d_head): the heads concatenated per token",
+            hint="Undo the split in reverse order: x.transpose(1, 2) gives (B, L, h, d_head); then .reshape(B, L, "
+                 "h * d_head). After a transpose the tensor is not contiguous, so .view fails: use .reshape (or "
+                 ".contiguous().view).",
+            make_cases=_merge_cases,
+            verify=_verify_merge,
+        ),
+        Part(
+            name="multi_head_attention",
+            function="multi_head_attention",
+            points=3,
+            summary="project, split, scaled masked attention per head, merge, output projection",
+            hint="q = split_heads(query @ params['W_q'] + params['b_q'], num_heads) and the same for k and v; scores "
+                 "= q @ k.transpose(-2, -1) / math.sqrt(d_head) with d_head = d_model // num_heads; fill blocked "
+                 "scores (~mask) with torch.finfo(scores.dtype).min, softmax over the keys, then zero the rows that "
+                 "have no allowed key; merge_heads(weights @ v) @ params['W_o'] + params['b_o'].",
+            make_cases=_forward_cases,
+            verify=_verify_forward,
+            run=_run_forward,
+        ),
+        Part(
+            name="params_from_torch",
+            function="params_from_torch",
+            points=2,
+            summary="read W_q, b_q, ..., W_o, b_o (row convention) out of an nn.MultiheadAttention",
+            hint="module.in_proj_weight has shape (3*d_model, d_model): .chunk(3, dim=0) gives the query, key and "
+                 "value blocks in (out, in) layout, so W_q = block.T. module.in_proj_bias chunks the same way. W_o = "
+                 "module.out_proj.weight.T, b_o = module.out_proj.bias. Without biases (they are None) return "
+                 "torch.zeros(d_model). Use .detach().",
+            make_cases=_module_cases,
+            verify=_verify_params,
+            run=_run_params,
+        ),
+        Part(
+            name="attention_like_torch",
+            function="attention_like_torch",
+            points=2,
+            summary="module's output and per-head weights, from your functions, with PyTorch's True = blocked masks",
+            hint="params = params_from_torch(module). Convert each PyTorch mask to the course's convention with ~: "
+                 "key_padding_mask (B, Lk) becomes ~key_padding_mask[:, None, None, :] (B, 1, 1, Lk), attn_mask "
+                 "(Lq, Lk) becomes ~attn_mask; combine the two with &. Then call multi_head_attention with "
+                 "module.num_heads.",
+            make_cases=_torch_cases,
+            verify=_verify_torch,
+            run=_run_torch,
+        ),
+    ),
+)

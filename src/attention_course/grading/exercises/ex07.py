@@ -1,0 +1,419 @@
+"""Exercise 07, positional encoding: the checks behind ``exercises/ex07_positional_encoding.ipynb``.
+
+The learner builds chapter 07's core: the sinusoidal encoding of any positions (pair indices counted from
+0, interleaved sine and cosine columns), the dot-product profile ⟨PE(p), PE(p+k)⟩ = Σ_i cos(ω_i k), the shift
+by k positions as a rotation of every sine/cosine pair (PE(p+k) = R_k PE(p)), and token embeddings scaled by
+√d_model plus positions, followed by dropout.
+
+References come from the library (:func:`~attention_course.sinusoidal_positional_encoding`, computed in
+float64) and from closed forms; properties (PE(0) is (0, 1, 0, 1, ...), a rotation keeps lengths and maps
+every PE(p) to PE(p+k), dropout zeroes about a fraction p and rescales the rest by 1/(1-p)) give the specific
+messages, and diagnoses recognise the usual slips: pairs counted from 1, sine and
+cosine swapped, sines and cosines concatenated instead of interleaved, rotations the wrong way, the missing
+√d_model, and dropout that is not inverted or not switched off in evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.positional import sinusoidal_positional_encoding
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64)
+
+
+def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-4) -> bool:
+    return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
+        torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=1e-4))
+
+
+def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
+    """Angular speeds 10000^(-2i/d) for the d/2 pairs i = first_pair .. first_pair + d/2 - 1, float64."""
+    i = torch.arange(first_pair, first_pair + d_model // 2, dtype=torch.float64)
+    return 10000.0 ** (-2 * i / d_model)
+
+
+def _run_expecting_error(obj: Any, case: Case) -> Any:
+    if "error" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    try:
+        returned = obj(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # what was raised is the answer here; verify gives the verdict
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"returned": returned}
+
+
+def _error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str | None:
+    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
+        return "your output could not be read"
+    if "returned" in output:
+        return f"expected a ValueError because {why}, but your function returned normally"
+    kind, message = output["raised"], str(output.get("message", ""))
+    if kind != "ValueError":
+        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
+    missing = [str(n) for n in numbers if str(n) not in message]
+    if missing:
+        return f"your ValueError should name the offending values ({', '.join(map(str, numbers))}); " \
+               f"its message is {message[:120]!r}"
+    return None
+
+
+# --- part 1: the sinusoidal encoding of given positions -----------------------------------------------
+def _encoding(positions: torch.Tensor, d: int, first_pair: int = 0) -> torch.Tensor:
+    """Reference PE rows (float64) for 1-D ``positions``; ``first_pair=1`` gives the off-by-one-pair version."""
+    angle = _f64(positions).unsqueeze(1) * _omega(d, first_pair)  # (P, d/2)
+    table = torch.empty(len(positions), d, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return table
+
+
+def _encoding_cases(g: torch.Generator) -> list[Case]:
+    random_positions = (torch.rand(12, generator=g) * 500).round()  # integer-valued, in no particular order
+    return [
+        Case("positions 0..9, d_model = 8", (torch.arange(10, dtype=torch.float32), 8)),
+        Case("positions 0..49, d_model = 16", (torch.arange(50, dtype=torch.float32), 16)),
+        Case("position 0 alone: (0, 1, 0, 1, ...)", (torch.zeros(1), 12)),
+        Case("12 random positions up to 500, in no order, d_model = 64", (random_positions, 64)),
+        Case("fractional positions (the formula holds for any real p), d_model = 6",
+             (torch.rand(5, generator=g) * 20, 6)),
+        Case("d_model = 2: a single sine/cosine pair", (torch.arange(20, dtype=torch.float32), 2)),
+        Case("d_model = 7 is odd: must raise ValueError naming 7", (torch.arange(5, dtype=torch.float32), 7),
+             data={"error": True}),
+    ]
+
+
+def _encoding_variants(positions: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
+    angle = _f64(positions).unsqueeze(1) * _omega(d)
+    swapped = torch.empty(len(positions), d, dtype=torch.float64)
+    swapped[:, 0::2], swapped[:, 1::2] = torch.cos(angle), torch.sin(angle)
+    feature = torch.arange(d, dtype=torch.float64)  # exponent 2j/d with the column index j instead of 2i/d
+    wrong_angle = _f64(positions).unsqueeze(1) * 10000.0 ** (-2 * feature / d)
+    return {
+        "pairs_from_1": _encoding(positions, d, first_pair=1),
+        "swapped": swapped,
+        "concatenated": torch.cat([torch.sin(angle), torch.cos(angle)], dim=1),
+        "feature_index": torch.where(feature % 2 == 0, torch.sin(wrong_angle), torch.cos(wrong_angle)),
+    }
+
+
+_ENCODING_MESSAGES = {
+    "pairs_from_1": "your pairs are counted from 1 (frequencies 10000^(-2i/d) for i = 1 .. d/2); they run "
+                    "i = 0 .. d/2 - 1, so the first pair has wavelength 2*pi",
+    "swapped": "your even columns hold cosines and the odd ones sines; PE[p, 2i] = sin(...), PE[p, 2i+1] = cos(...)",
+    "concatenated": "your rows put all sines first and all cosines after; interleave them: column 2i is the sine "
+                    "and column 2i+1 the cosine of pair i",
+    "feature_index": "your exponent uses the column index j (10000^(2j/d)); both columns of pair i share the "
+                     "frequency 10000^(-2i/d) with i = j // 2",
+}
+
+
+def _verify_encoding(case: Case, output: Any) -> str | None:
+    positions, d = case.args
+    if case.data.get("error"):
+        return _error_problem(output, (d,), f"d_model = {d} is odd, and the features come in sine/cosine pairs")
+    expected = _encoding(positions, d)
+
+    def diagnosis() -> str | None:
+        if _matches(output, expected, atol=2e-4):
+            return None
+        for name, table in _encoding_variants(positions, d).items():
+            if _matches(output, table, atol=2e-4):
+                return _ENCODING_MESSAGES[name]
+        return None
+
+    def library() -> str | None:
+        # Integer positions are rows of the library's table.
+        if not bool((positions == positions.round()).all()):
+            return None
+        table = sinusoidal_positional_encoding(int(positions.max()) + 1, d, dtype=torch.float64)
+        return close_problem(output, table[positions.long()], "your encoding",
+                             "rows of ac.sinusoidal_positional_encoding", atol=2e-4)
+
+    def position_zero() -> str | None:
+        zero = (positions == 0).nonzero()
+        if len(zero):
+            row = _f64(output[int(zero[0])])
+            if not torch.allclose(row, torch.tensor([0.0, 1.0] * (d // 2), dtype=torch.float64), atol=1e-6):
+                return f"your row for position 0 starts {[round(float(v), 3) for v in row[:6]]}; sin(0) = 0 and " \
+                       "cos(0) = 1, so PE(0) = (0, 1, 0, 1, ...)"
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your encoding", expected.shape),
+        lambda: finite_problem(output, "your encoding"),
+        diagnosis,
+        position_zero,
+        library,
+        lambda: close_problem(output, expected, "your encoding", "sin/cos(p / 10000^(2i/d_model))", atol=2e-4),
+    )
+
+
+# --- part 2: the dot-product profile -------------------------------------------------------------------
+def _profile_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("offsets 0..9, d_model = 16", (torch.arange(10, dtype=torch.float32), 16)),
+        Case("offsets 0, 1, 5, 37, 100, d_model = 64", (torch.tensor([0.0, 1.0, 5.0, 37.0, 100.0]), 64)),
+        Case("negative offsets: the profile is symmetric", (torch.tensor([-7.0, -1.0, 0.0, 1.0, 7.0]), 32)),
+        Case("a (3, 4) tensor of random integer offsets in -100..100, d_model = 128",
+             ((torch.rand(3, 4, generator=g) * 200 - 100).round(), 128)),
+        Case("random real offsets, d_model = 8", (torch.randn(6, generator=g) * 10, 8)),
+        Case("d_model = 2: cos(k)", (torch.arange(6, dtype=torch.float32), 2)),
+    ]
+
+
+def _verify_profile(case: Case, output: Any) -> str | None:
+    offsets, d = case.args
+    k = _f64(offsets).unsqueeze(-1)
+    expected = torch.cos(k * _omega(d)).sum(dim=-1)  # (...,): sum_i cos(omega_i k)
+
+    def table_check() -> str | None:
+        # The definition itself: <PE(p), PE(p + k)> from the library table, for the integer offsets.
+        flat_offsets = offsets.flatten().tolist()
+        pe = sinusoidal_positional_encoding(210, d, dtype=torch.float64)
+        flat = _f64(output).flatten()
+        for index, offset in enumerate(flat_offsets):
+            if offset != round(offset) or abs(offset) > 100:
+                continue
+            offset = int(offset)
+            p = 103 if offset < 0 else 3
+            dot = float(pe[p] @ pe[p + offset])
+            if abs(float(flat[index]) - dot) > 2e-3:
+                return (f"at offset {offset} your value is {fmt(float(flat[index]))}, but <PE(p), PE(p + {offset})> "
+                        f"computed from the table is {fmt(dot)}")
+        return None
+
+    def zero_offset() -> str | None:
+        zero = (offsets == 0).flatten().nonzero()
+        if len(zero) and abs(float(_f64(output).flatten()[int(zero[0])]) - d / 2) > 1e-3:
+            return (f"at offset 0 your value is {fmt(float(_f64(output).flatten()[int(zero[0])]))}; "
+                    f"<PE(p), PE(p)> = sum of d/2 terms sin^2 + cos^2 = d_model / 2 = {d // 2}")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your profile", offsets.shape),
+        lambda: finite_problem(output, "your profile", by_rows=False),
+        zero_offset,
+        table_check,
+        lambda: close_problem(output, expected, "your profile", "sum_i cos(omega_i * k)", atol=2e-3),
+    )
+
+
+# --- part 3: moving along by rotating ------------------------------------------------------------------
+def _rotation(k: int, d: int) -> torch.Tensor:
+    """Block-diagonal R_k (float64) with PE(p + k) = R_k PE(p) as column vectors."""
+    R = torch.zeros(d, d, dtype=torch.float64)
+    for i, w in enumerate(_omega(d).tolist()):
+        c, s = math.cos(w * k), math.sin(w * k)
+        R[2 * i:2 * i + 2, 2 * i:2 * i + 2] = torch.tensor([[c, s], [-s, c]], dtype=torch.float64)
+    return R
+
+
+def _rotation_cases(g: torch.Generator) -> list[Case]:
+    def rows(positions: list[int], d: int) -> torch.Tensor:
+        return sinusoidal_positional_encoding(max(positions) + 1, d)[positions]
+
+    return [
+        Case("PE rows of positions 0..5, k = 1, d_model = 8: must give the rows of 1..6",
+             (rows(list(range(6)), 8), 1), data={"positions": list(range(6))}),
+        Case("PE rows of positions 10, 3, 40, k = 7, d_model = 16", (rows([10, 3, 40], 16), 7),
+             data={"positions": [10, 3, 40]}),
+        Case("PE rows of positions 5..9, k = -5: back to positions 0..4", (rows(list(range(5, 10)), 12), -5),
+             data={"positions": list(range(5, 10))}),
+        Case("random vectors (4, 8), k = 3: lengths are preserved", (torch.randn(4, 8, generator=g), 3)),
+        Case("a batch of random vectors (2, 3, 6), k = 100", (torch.randn(2, 3, 6, generator=g), 100)),
+        Case("k = 0 changes nothing", (torch.randn(3, 4, generator=g), 0)),
+        Case("d_model = 2, k = 2: one 2x2 block", (torch.randn(5, 2, generator=g), 2)),
+    ]
+
+
+def _verify_rotation(case: Case, output: Any) -> str | None:
+    x, k = case.args
+    d = x.shape[-1]
+    expected = _f64(x) @ _rotation(k, d).T  # rows: PE[p] R_kᵀ = PE[p + k]
+
+    def direction() -> str | None:
+        if k != 0 and _matches(output, _f64(x) @ _rotation(k, d), atol=1e-5):
+            return (f"your rotation moves backwards, to position p - {k}: rotate each pair (a, b) of features to "
+                    "(a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k")
+        return None
+
+    def positions() -> str | None:
+        if "positions" not in case.data:
+            return None
+        targets = [p + k for p in case.data["positions"]]
+        pe = sinusoidal_positional_encoding(max(targets) + 1, d, dtype=torch.float64)[targets]
+        for row, (p, target) in enumerate(zip(case.data["positions"], targets)):
+            gap = float((_f64(output[row]) - pe[row]).abs().max())
+            if gap > 1e-4:
+                return f"your result for PE({p}) differs from PE({target}) = PE({p} + {k}) by up to {fmt(gap)}"
+        return None
+
+    def lengths() -> str | None:
+        gap = float((_f64(output).norm(dim=-1) - _f64(x).norm(dim=-1)).abs().max())
+        if gap > 1e-4:
+            return f"a rotation keeps lengths, but the length of one of your rows changed by {fmt(gap)}"
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your result", x.shape),
+        lambda: finite_problem(output, "your result"),
+        direction,
+        positions,
+        lengths,
+        lambda: close_problem(output, expected, "your result", "x @ R_kᵀ (every pair rotated by omega_i * k)",
+                              atol=1e-5),
+    )
+
+
+# --- part 4: embeddings plus positions, then dropout ---------------------------------------------------
+def _embed_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, B: int, L: int, vocab: int, d: int, max_len: int, p: float, training: bool,
+             data: dict[str, Any] | None = None) -> Case:
+        tokens = torch.randint(vocab, (B, L), generator=g)
+        weight = torch.randn(vocab, d, generator=g) * d ** -0.5
+        pe = sinusoidal_positional_encoding(max_len, d)
+        return Case(name, (tokens, weight, pe), {"dropout_p": p, "training": training}, data or {})
+
+    return [
+        case("evaluation mode: tokens (2, 7), d_model = 16", 2, 7, 20, 16, 50, 0.1, False),
+        case("evaluation mode ignores dropout_p = 0.5", 3, 5, 11, 8, 20, 0.5, False),
+        case("a sequence exactly max_len long", 2, 10, 13, 12, 10, 0.1, False),
+        case("training mode, dropout_p = 0: no dropout", 2, 6, 9, 8, 30, 0.0, True),
+        case("training mode, dropout_p = 0.1 on (8, 64, 32)", 8, 64, 50, 32, 64, 0.1, True),
+        case("training mode, dropout_p = 0.5 on (4, 50, 32)", 4, 50, 30, 32, 100, 0.5, True),
+        case("12 tokens but only 10 positions: must raise ValueError naming 12 and 10", 2, 12, 9, 8, 10, 0.1, False,
+             {"error": True}),
+    ]
+
+
+def _verify_embed(case: Case, output: Any) -> str | None:
+    tokens, weight, pe = case.args
+    p, training = case.kwargs["dropout_p"], case.kwargs["training"]
+    B, L = tokens.shape
+    d = weight.shape[1]
+    if case.data.get("error"):
+        return _error_problem(output, (L, pe.shape[0]),
+                              f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
+    embedded = _f64(weight)[tokens]  # (B, L, d)
+    positions = _f64(pe[:L])  # (L, d)
+    expected = embedded * math.sqrt(d) + positions  # before dropout
+    mistakes = [  # (what went wrong, what the learner then computed before dropout)
+        (f"multiply the embeddings by sqrt(d_model) = {fmt(math.sqrt(d))} before adding the positions",
+         embedded + positions),
+        ("you scaled the sum; scale only the embeddings by sqrt(d_model), then add the positions",
+         (embedded + positions) * math.sqrt(d)),
+        (f"you multiplied the embeddings by d_model = {d}; the factor is sqrt(d_model)", embedded * d + positions),
+        ("you added no positions: add pe[:L], the first L rows of the table", embedded * math.sqrt(d)),
+    ]
+
+    def diagnosis(values: torch.Tensor, select: torch.Tensor | None = None) -> str | None:
+        for message, wrong in mistakes:
+            candidate = wrong if select is None else wrong[select]
+            if tuple(values.shape) == tuple(candidate.shape) and torch.allclose(values, candidate, atol=1e-4,
+                                                                                   rtol=1e-4):
+                return message
+        return None
+
+    base = first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+    )
+    if base:
+        return base
+    out = _f64(output)
+    if not training or p == 0.0:
+        zeros = float((out == 0).double().mean())
+        if zeros > 0 and not _matches(out, expected):
+            mode = "in evaluation mode (training=False)" if not training else "with dropout_p = 0"
+            return f"{zeros:.0%} of your outputs are zero {mode}; dropout must then be the identity"
+        return diagnosis(out) or close_problem(out, expected, "your output", "E[tokens] * sqrt(d_model) + PE[:L]")
+    dropped = out == 0
+    fraction = float(dropped.double().mean())
+    if fraction == 0.0:
+        return f"none of your outputs are zero: in training mode dropout must zero about {p:.0%} of the entries"
+    if abs(fraction - p) > 0.04:
+        return f"your dropout zeroed {fraction:.1%} of the entries, expected about {p:.0%} (dropout_p = {p})"
+    kept = ~dropped
+    if torch.allclose(out[kept], expected[kept], atol=1e-4, rtol=1e-4):
+        return f"the entries your dropout keeps must be scaled by 1 / (1 - p) = {fmt(1 / (1 - p))} (inverted dropout)"
+    return diagnosis(out[kept] * (1 - p), kept) or close_problem(
+        out[kept], expected[kept] / (1 - p), "the entries your dropout keeps",
+        "(E[tokens] * sqrt(d_model) + PE[:L]) / (1 - p)")
+
+
+EXERCISE = Exercise(
+    id="ex07",
+    title="Positional encoding",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="sinusoidal_encoding",
+            function="sinusoidal_encoding",
+            points=2,
+            summary="PE(p)[2i] = sin(p / 10000^(2i/d)), PE(p)[2i+1] = cos(...) for a tensor of positions p",
+            hint="With p = positions.unsqueeze(1) (a column) and i = torch.arange(d_model // 2), the angle "
+                 "p * 10000 ** (-2 * i / d_model) has shape (P, d/2). Fill pe[:, 0::2] with its sine and "
+                 "pe[:, 1::2] with its cosine. Check d_model % 2 first and raise ValueError naming d_model.",
+            make_cases=_encoding_cases,
+            verify=_verify_encoding,
+            run=_run_expecting_error,
+        ),
+        Part(
+            name="offset_similarity",
+            function="offset_similarity",
+            points=1,
+            summary="<PE(p), PE(p+k)> = sum_i cos(omega_i k) for a tensor of offsets k",
+            hint="Each pair contributes sin(a)sin(a + t) + cos(a)cos(a + t) = cos(t) with t = omega_i * k. With "
+                 "omega = 10000 ** (-2 * torch.arange(d_model // 2) / d_model), compute "
+                 "torch.cos(offsets.unsqueeze(-1) * omega).sum(dim=-1).",
+            make_cases=_profile_cases,
+            verify=_verify_profile,
+        ),
+        Part(
+            name="shift_by_rotation",
+            function="shift_by_rotation",
+            points=2,
+            summary="rotate every sine/cosine pair of x by omega_i * k: PE(p) becomes PE(p + k)",
+            hint="For pair i let t = k * 10000 ** (-2 * i / d_model) and (a, b) = (x[..., 2i], x[..., 2i+1]); the "
+                 "result is (a cos t + b sin t, -a sin t + b cos t), from sin(u + t) = sin u cos t + cos u sin t and "
+                 "cos(u + t) = cos u cos t - sin u sin t. Work on x[..., 0::2] and x[..., 1::2] at once.",
+            make_cases=_rotation_cases,
+            verify=_verify_rotation,
+        ),
+        Part(
+            name="embed_with_positions",
+            function="embed_with_positions",
+            points=2,
+            summary="Dropout(E[tokens] * sqrt(d_model) + PE[:L]), identity dropout in evaluation mode",
+            hint="x = embedding_weight[tokens] * math.sqrt(d_model) has shape (B, L, d_model); add pe[:L] (it "
+                 "broadcasts over the batch); then F.dropout(x, p=dropout_p, training=training). Before that, raise "
+                 "ValueError if L > pe.shape[0], naming both numbers.",
+            make_cases=_embed_cases,
+            verify=_verify_embed,
+            run=_run_expecting_error,
+        ),
+    ),
+)
