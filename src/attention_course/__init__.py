@@ -38,6 +38,9 @@ from attention_course.positional import (
 )
 from attention_course.transformer import Decoder, Encoder, Transformer
 
+# Chapter 1: the recurrent encoder-decoder with additive attention
+from attention_course.rnn import AttentionGRUDecoder, GRUEncoder, Seq2SeqGRU
+
 # Chapter 11: making attention fast
 from attention_course.efficient import (
     KVCache,

@@ -47,8 +47,15 @@ class AdditiveAttention(nn.Module):
 
     def score(self, query: Tensor, key: Tensor) -> Tensor:
         """Unnormalised scores ``(..., Lq, Lk)`` for ``query (..., Lq, query_dim)`` and ``key (..., Lk, key_dim)``."""
+        return self.score_projected_keys(query, self.w_k(key))
+
+    def score_projected_keys(self, query: Tensor, projected_keys: Tensor) -> Tensor:
+        """Scores ``(..., Lq, Lk)`` from keys already projected, ``projected_keys = w_k(key)`` ``(..., Lk, hidden)``.
+
+        A decoder that attends to the same source at every step projects its keys once and calls this.
+        """
         q = self.w_q(query).unsqueeze(-2)  # (..., Lq, 1, hidden)
-        k = self.w_k(key).unsqueeze(-3)  # (..., 1, Lk, hidden)
+        k = projected_keys.unsqueeze(-3)  # (..., 1, Lk, hidden)
         return self.w(torch.tanh(q + k)).squeeze(-1)  # (..., Lq, Lk)
 
     def forward(

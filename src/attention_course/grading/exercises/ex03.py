@@ -1,0 +1,320 @@
+"""Exercise 03, attention as a soft key–value lookup: the checks behind ``exercises/ex03_key_value_store.ipynb``.
+
+The learner builds chapter 03's core with the course's row convention (one query, key or value per row):
+a hard lookup (the value of the best-scoring key), the soft lookup ``softmax(beta · Q Kᵀ) V``, the additive
+score ``wᵀ tanh(q W_q + k W_k)``, and the limit of the soft lookup as ``beta → ∞``, where keys tied for the
+highest score share the weight.
+
+References are computed in float64 in the checking process: ``F.scaled_dot_product_attention`` for the soft
+lookup, the library's :class:`~attention_course.additive.AdditiveAttention` (with the learner's matrices
+copied in) for the additive score, and the definitions for the hard lookup and the limit. Properties (rows
+sum to one, outputs are rows of the values, scores bounded by ``‖w‖₁``) give the specific messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.additive import AdditiveAttention
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    non_negative_problem,
+    row_name,
+    rows_sum_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> torch.Tensor:
+    """Small integers stored as floats: their dot products are exact, so ties are exact in any order of sums."""
+    return torch.randint(low, high, shape, generator=g).to(torch.float32)
+
+
+def _scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Reference dot-product scores ``(..., m, n)`` in float64."""
+    return torch.matmul(query.to(torch.float64), keys.to(torch.float64).transpose(-2, -1))
+
+
+def _pair_problem(output: Any, out_shape: torch.Size, weights_shape: torch.Size) -> str | None:
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        return f"expected a tuple (output, weights), got {type(output).__name__}"
+    return first_problem(
+        lambda: tensor_problem(output[0], "your output", out_shape),
+        lambda: tensor_problem(output[1], "your weights", weights_shape),
+    )
+
+
+# --- part 1: the hard lookup -----------------------------------------------------------------------------
+def _hard_cases(g: torch.Generator) -> list[Case]:
+    tied_keys = _randint(g, 6, 3, low=-2, high=2)
+    tied_keys[1] = tied_keys[4] = 2.0  # equal keys, and the best ones for the positive queries below
+    return [
+        Case("one query (1, 4), 6 keys, values of width 3", (_randn(g, 1, 4), _randn(g, 6, 4), _randn(g, 6, 3))),
+        Case("5 queries, 8 keys (d_k = 3), values of width 5",
+             (_randn(g, 5, 3), _randn(g, 8, 3), _randn(g, 8, 5))),
+        Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)",
+             (_randn(g, 2, 4, 3), _randn(g, 2, 6, 3), _randn(g, 2, 6, 2))),
+        Case("keys 1 and 4 are equal: on a tie the first key wins",
+             (_randint(g, 4, 3, low=1, high=3), tied_keys, _randn(g, 6, 2))),
+        Case("every score negative", (_randn(g, 3, 2).abs() + 0.5, -(_randn(g, 5, 2).abs() + 0.5),
+                                      _randn(g, 5, 3))),
+        Case("a single key: every query gets its value", (_randn(g, 3, 4), _randn(g, 1, 4), _randn(g, 1, 6))),
+    ]
+
+
+def _verify_hard(case: Case, output: Any) -> str | None:
+    query, keys, values = case.args
+    winners = _scores(query, keys).argmax(dim=-1)  # (..., m): torch.argmax returns the first maximum
+    expected = torch.gather(values.to(torch.float64), -2,
+                            winners.unsqueeze(-1).expand(*winners.shape, values.shape[-1]))
+    problem = first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+    )
+    if problem:
+        return problem
+    rows = output.to(torch.float64).reshape(-1, values.shape[-1])
+    flat_values = values.to(torch.float64).reshape(-1, *values.shape[-2:])
+    flat_winners = winners.reshape(flat_values.shape[0], -1)
+    m = query.shape[-2]
+    for r in range(rows.shape[0]):
+        batch, i = divmod(r, m)
+        index = [*torch.unravel_index(torch.tensor(batch), query.shape[:-2]), i] if query.dim() > 2 else [i]
+        best = int(flat_winners[batch, i])
+        if torch.allclose(rows[r], flat_values[batch, best], atol=1e-6):
+            continue
+        matches = [j for j in range(flat_values.shape[1]) if torch.allclose(rows[r], flat_values[batch, j], atol=1e-6)]
+        if matches:
+            return (f"{row_name(index)} of your output is the value of key {matches[0]}, but the highest score "
+                    f"(the first one, on a tie) is at key {best}")
+        return (f"{row_name(index)} of your output is not one of the value rows: a hard lookup returns the "
+                f"value of the best key (key {best}) unchanged")
+    return None
+
+
+# --- part 2: the soft lookup -----------------------------------------------------------------------------
+def _soft_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("3 queries, 5 keys (d_k = 4), values of width 2, beta = 1",
+             (_randn(g, 3, 4), _randn(g, 5, 4), _randn(g, 5, 2)), {"beta": 1.0}),
+        Case("d_k = 16, beta = 1 (no 1/sqrt(d_k) here: beta is the only scale)",
+             (_randn(g, 2, 16, scale=0.4), _randn(g, 6, 16, scale=0.4), _randn(g, 6, 3)), {"beta": 1.0}),
+        Case("a batch: queries (2, 3, 4), keys (2, 7, 4), values (2, 7, 5), beta = 0.5",
+             (_randn(g, 2, 3, 4), _randn(g, 2, 7, 4), _randn(g, 2, 7, 5)), {"beta": 0.5}),
+        Case("beta = 0: every query gets the mean of the values",
+             (_randn(g, 2, 3), _randn(g, 4, 3), _randn(g, 4, 2)), {"beta": 0.0}),
+        Case("beta = 40: close to the hard lookup", (_randn(g, 3, 3), _randn(g, 6, 3), _randn(g, 6, 4)),
+             {"beta": 40.0}, {"stability": True}),
+        Case("scores around 1e4 (overflow test)", (_randn(g, 2, 2, scale=100.0), _randn(g, 5, 2, scale=100.0),
+                                                   _randn(g, 5, 3)), {"beta": 1.0}, {"stability": True}),
+        Case("a single key", (_randn(g, 3, 4), _randn(g, 1, 4), _randn(g, 1, 2)), {"beta": 2.0}),
+    ]
+
+
+def _verify_soft(case: Case, output: Any) -> str | None:
+    query, keys, values = (t.to(torch.float64) for t in case.args)
+    beta = case.kwargs["beta"]
+    expected_out = F.scaled_dot_product_attention(query, keys, values, scale=beta)
+    expected_w = torch.softmax(beta * _scores(query, keys), dim=-1)
+    stability = " (subtract each row's maximum score before exponentiating)" if case.data.get("stability") else ""
+
+    def finite() -> str | None:
+        problem = finite_problem(output[1], "your weights") or finite_problem(output[0], "your output")
+        return problem + stability if problem else None
+
+    def uniform() -> str | None:
+        if beta == 0.0 and not torch.allclose(output[0].to(torch.float64), values.mean(dim=-2, keepdim=True)
+                                              .expand_as(expected_out), atol=1e-5):
+            return "with beta = 0 every weight is 1/n, so every output row should be the mean of the value rows"
+        return None
+
+    return first_problem(
+        lambda: _pair_problem(output, expected_out.shape, expected_w.shape),
+        finite,
+        lambda: non_negative_problem(output[1]),
+        lambda: rows_sum_problem(output[1]),
+        lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * query @ keysᵀ)"),
+        uniform,
+        lambda: close_problem(output[0], expected_out, "your output",
+                              "F.scaled_dot_product_attention(query, keys, values, scale=beta)", atol=1e-4),
+    )
+
+
+# --- part 3: the additive score --------------------------------------------------------------------------
+def _additive_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: tuple[int, ...], m: int, n: int, d_q: int, d_k: int, a: int, scale: float = 1.0):
+        return Case(name, (_randn(g, *batch, m, d_q, scale=scale), _randn(g, *batch, n, d_k, scale=scale),
+                           _randn(g, d_q, a, scale=0.7), _randn(g, d_k, a, scale=0.7), _randn(g, a)))
+
+    return [
+        case("3 queries and 5 keys of the same size 4, a = 6", (), 3, 5, 4, 4, 6),
+        case("queries of size 3, keys of size 5 (d_q != d_k), a = 4", (), 2, 6, 3, 5, 4),
+        case("a batch: queries (2, 4, 3), keys (2, 5, 2), a = 8", (2,), 4, 5, 3, 2, 8),
+        case("one query, one key", (), 1, 1, 2, 3, 5),
+        case("large inputs: tanh saturates, so |score| <= sum |w|", (), 3, 4, 2, 2, 5, scale=50.0),
+    ]
+
+
+def _verify_additive(case: Case, output: Any) -> str | None:
+    query, keys, W_q, W_k, w = (t.to(torch.float64) for t in case.args)
+    module = AdditiveAttention(W_q.shape[0], W_k.shape[0], W_q.shape[1]).to(torch.float64)
+    with torch.no_grad():  # nn.Linear stores Wᵀ: (out, in)
+        module.w_q.weight.copy_(W_q.T)
+        module.w_k.weight.copy_(W_k.T)
+        module.w.weight.copy_(w.unsqueeze(0))
+        expected = module.score(query, keys)  # (..., m, n)
+    bound = float(w.abs().sum())
+
+    def bounded() -> str | None:
+        largest = float(output.to(torch.float64).abs().max())
+        if largest > bound * (1 + 1e-5) + 1e-5:
+            return (f"your scores reach {fmt(largest)}, but w^T tanh(...) can never exceed sum |w| = {fmt(bound)} "
+                    "in size: apply tanh to q W_q + k W_k before multiplying by w")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your scores", expected.shape),
+        lambda: finite_problem(output, "your scores"),
+        bounded,
+        lambda: close_problem(output, expected, "your scores",
+                              "w^T tanh(q W_q + k W_k) (attention_course.additive.AdditiveAttention)", atol=1e-4),
+    )
+
+
+# --- part 4: the limit beta -> infinity ------------------------------------------------------------------
+def _limit_cases(g: torch.Generator) -> list[Case]:
+    duplicated = _randint(g, 5, 2, low=-2, high=3)
+    duplicated[0] = duplicated[3] = 3.0  # two equal keys, the best for every query pointing up and right
+    base = _randn(g, 3, dtype=torch.float64).abs() + 0.5
+    others = 0.2 * _randn(g, 2, 3, dtype=torch.float64).abs()
+    # Keys 1 and 2 point the same way and key 2 is longer by one part in 1e9: the limit is one-hot on key 2.
+    near_keys = torch.stack([others[0], base, base * (1 + 1e-9), others[1]])
+    return [
+        Case("4 queries, 6 keys: unique best keys", (_randn(g, 4, 3), _randn(g, 6, 3), _randn(g, 6, 2))),
+        Case("keys 0 and 3 are equal: tied best keys share the weight",
+             (_randint(g, 6, 2, low=0, high=4), duplicated, _randn(g, 5, 3)), data={"ties": True}),
+        Case("every key equal: the limit is the mean of the values",
+             (_randint(g, 2, 2), _randint(g, 1, 2).expand(4, 2).clone(), _randn(g, 4, 3)), data={"ties": True}),
+        Case("a near tie: key 2 scores higher than key 1 by one part in 1e9 (float64)",
+             (base.unsqueeze(0), near_keys, _randn(g, 4, 2, dtype=torch.float64)), data={"near": True}),
+        Case("a batch: queries (2, 3, 2), keys (2, 4, 2) of small integers (many ties)",
+             (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), _randn(g, 2, 4, 3)), data={"ties": True}),
+        Case("scores around 1e4", (_randn(g, 3, 2, scale=100.0), _randn(g, 5, 2, scale=100.0), _randn(g, 5, 2))),
+    ]
+
+
+def _limit_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+    scores = _scores(query, keys)
+    best = scores == scores.amax(dim=-1, keepdim=True)  # (..., m, n): every key tied for the highest score
+    weights = best.to(torch.float64) / best.sum(dim=-1, keepdim=True)
+    return torch.matmul(weights, values.to(torch.float64)), weights
+
+
+def _verify_limit(case: Case, output: Any) -> str | None:
+    query, keys, values = case.args
+    expected_out, expected_w = _limit_reference(query, keys, values)
+
+    def ties() -> str | None:
+        counts = (expected_w > 0).sum(dim=-1)  # (..., m) keys sharing each row's weight
+        w = output[1].to(torch.float64)
+        for index in (counts > 1).nonzero().tolist():
+            row = w[tuple(index)]
+            shared = expected_w[tuple(index)] > 0
+            if not torch.allclose(row, expected_w[tuple(index)], atol=1e-6):
+                keys_tied = shared.nonzero().flatten().tolist()
+                return (f"in {row_name(index)} keys {keys_tied} are tied for the highest score, so each should get "
+                        f"weight 1/{len(keys_tied)} = {fmt(1 / len(keys_tied))}; yours gives them "
+                        f"{[round(float(row[k]), 4) for k in keys_tied]}")
+        return None
+
+    def limit() -> str | None:
+        problem = close_problem(output[1], expected_w, "your weights",
+                                "the limit of softmax(beta * scores) as beta grows", atol=1e-6, rtol=0.0)
+        if problem and case.data.get("near"):
+            problem += ("; keys 1 and 2 are not tied: however small the gap, the higher score takes all the weight "
+                        "in the limit")
+        return problem
+
+    return first_problem(
+        lambda: _pair_problem(output, expected_out.shape, expected_w.shape),
+        lambda: finite_problem(output[1], "your weights") or finite_problem(output[0], "your output"),
+        lambda: non_negative_problem(output[1]),
+        lambda: rows_sum_problem(output[1]),
+        ties,
+        limit,
+        lambda: close_problem(output[0], expected_out, "your output", "limit_weights @ values", atol=1e-4),
+    )
+
+
+EXERCISE = Exercise(
+    id="ex03",
+    title="Attention as a soft key-value lookup",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="hard_lookup",
+            function="hard_lookup",
+            points=1,
+            summary="the value of the key with the highest dot-product score, for every query",
+            hint="The scores of all queries against all keys are query @ keys.transpose(-2, -1), shape (..., m, n). "
+                 "argmax over the last dimension gives the best key of each query (the first one on a tie). "
+                 "Pick those rows of the values with torch.gather along dimension -2, or build one-hot weights "
+                 "with F.one_hot and multiply them by the values.",
+            make_cases=_hard_cases,
+            verify=_verify_hard,
+        ),
+        Part(
+            name="soft_lookup",
+            function="soft_lookup",
+            points=2,
+            summary="weights softmax(beta * query @ keysᵀ) over the keys, output weights @ values",
+            hint="Score every query against every key with query @ keys.transpose(-2, -1), multiply by beta (and by "
+                 "nothing else: there is no 1/sqrt(d_k) in this exercise), take torch.softmax over the last "
+                 "dimension (the keys), and return (weights @ values, weights).",
+            make_cases=_soft_cases,
+            verify=_verify_soft,
+        ),
+        Part(
+            name="additive_scores",
+            function="additive_scores",
+            points=2,
+            summary="wᵀ tanh(q W_q + k W_k) for every (query, key) pair",
+            hint="Project first: query @ W_q is (..., m, a) and keys @ W_k is (..., n, a). Add them for every pair by "
+                 "broadcasting: insert a key axis into the queries (unsqueeze(-2) -> (..., m, 1, a)) and a query axis "
+                 "into the keys (unsqueeze(-3) -> (..., 1, n, a)). Then tanh, then multiply by w: "
+                 "hidden @ w gives (..., m, n).",
+            make_cases=_additive_cases,
+            verify=_verify_additive,
+        ),
+        Part(
+            name="limit_lookup",
+            function="limit_lookup",
+            points=2,
+            summary="the soft lookup as beta -> infinity: tied best keys share the weight equally",
+            hint="As beta grows, softmax(beta * s) puts all its weight on the keys whose score equals the row maximum, "
+                 "and equally on each of them when several are tied. Compare the scores with "
+                 "scores.amax(dim=-1, keepdim=True) to get a boolean mask of the best keys, turn it into floats, and "
+                 "divide each row by its number of best keys. The output is weights @ values.",
+            make_cases=_limit_cases,
+            verify=_verify_limit,
+        ),
+    ),
+)
