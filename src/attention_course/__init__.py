@@ -41,6 +41,9 @@ from attention_course.transformer import Decoder, Encoder, Transformer
 # Chapter 1: the recurrent encoder-decoder with additive attention
 from attention_course.rnn import AttentionGRUDecoder, GRUEncoder, Seq2SeqGRU
 
+# Chapter 9: an encoder-only classifier
+from attention_course.classifier import EncoderClassifier, pool_tokens
+
 # Chapter 11: making attention fast
 from attention_course.efficient import (
     KVCache,

@@ -137,7 +137,7 @@ def test_solution_notebook_structure(path):
         assert len(graded) == 1, f"{path.name}: part {part.name} needs exactly one graded cell"
         assert TAG_HIDE_INPUT in cell_tags(graded[0]), f"{path.name}: solution cells start collapsed on the site"
         assert BEGIN_SOLUTION in graded[0].source and END_SOLUTION in graded[0].source
-        assert f"def {part.function}(" in graded[0].source
+        assert f"def {part.function}(" in graded[0].source or f"class {part.function}(" in graded[0].source
         assert [c.source for c in checks] == [f"check.{part.name}({part.function})"]
     tagged = {cell_part(c) for c in code_cells if TAG_GRADED in cell_tags(c)}
     assert tagged == {part.name for part in exercise.parts}, "every graded cell belongs to a part"

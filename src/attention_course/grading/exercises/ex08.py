@@ -1,0 +1,432 @@
+"""Exercise 08, LayerNorm, dropout and residual connections: the checks behind
+``exercises/ex08_layernorm_dropout_residuals.ipynb``.
+
+The learner writes chapter 08's core: layer normalisation as a function (biased variance, eps inside the
+square root, gain and bias), inverted dropout with PyTorch's drop probability, a residual sub-layer in both
+norm orders, and an ``AddAndNorm`` module that owns a learnable LayerNorm and applies dropout to the
+sub-layer's output.
+
+References are PyTorch's own (``F.layer_norm``) or written here in float64; typical mistakes (unbiased
+variance, eps outside the root, the two norm orders swapped, dropout in the wrong place) get their own
+messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float64)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
+    return bool(torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=rtol))
+
+
+def _reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return F.layer_norm(_f64(x), (x.shape[-1],), _f64(weight), _f64(bias), eps)
+
+
+# Sub-layers and norms handed to the learner's code: module-level functions (picklable), bound with partial.
+def _tanh_linear(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A stand-in sub-layer f(x) = tanh(x W + b), (..., d) -> (..., d)."""
+    return torch.tanh(torch.matmul(x, weight.to(x.dtype)) + bias.to(x.dtype))
+
+
+def _zeros_like(x: torch.Tensor) -> torch.Tensor:
+    """A sub-layer that returns zeros: a residual block that does nothing."""
+    return torch.zeros_like(x)
+
+
+def _ones_like(x: torch.Tensor) -> torch.Tensor:
+    """A sub-layer that returns ones: dropout on its output is easy to see."""
+    return torch.ones_like(x)
+
+
+def _affine_norm(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm with the given gain and bias, (..., d) -> (..., d)."""
+    return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), 1e-5)
+
+
+# --- part 1: layer_norm -------------------------------------------------------------------------------
+def _layer_norm_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, x: torch.Tensor, eps: float = 1e-5) -> Case:
+        d = x.shape[-1]
+        weight = (1.0 + _randn(g, d, scale=0.3)).to(x.dtype)
+        bias = _randn(g, d, scale=0.3).to(x.dtype)
+        return Case(name, (x, weight, bias), {"eps": eps})
+
+    constant = _randn(g, 3, 8)
+    constant[1] = 2.5  # one row with zero variance
+    return [
+        case("x (4, 10) with a random gain and bias", _randn(g, 4, 10)),
+        case("a batch of sequences, x (2, 5, 16)", _randn(g, 2, 5, 16, scale=3.0)),
+        case("offset inputs: mean about 100, std about 2, (3, 12)", 100.0 + _randn(g, 3, 12, scale=2.0)),
+        case("small spread: std about 1e-3, (3, 32) (where eps matters)", _randn(g, 3, 32, scale=1e-3)),
+        case("a constant row (zero variance) must give the bias, not NaN", constant),
+        case("eps = 0.1, (2, 6)", _randn(g, 2, 6, scale=0.5), eps=0.1),
+        case("float64 input keeps its dtype, (3, 7)", _randn(g, 3, 7, dtype=torch.float64)),
+    ]
+
+
+def _verify_layer_norm(case: Case, output: Any) -> str | None:
+    x, weight, bias = case.args
+    eps = case.kwargs["eps"]
+    expected = _reference_layer_norm(x, weight, bias, eps)
+
+    def diagnosis() -> str | None:
+        if _close(output, expected):
+            return None
+        x64 = _f64(x)
+        mean = x64.mean(-1, keepdim=True)
+        centred = x64 - mean
+        unbiased = centred / torch.sqrt(x64.var(-1, keepdim=True, correction=1) + eps)
+        eps_outside = centred / (x64.std(-1, keepdim=True, correction=0) + eps)
+        no_eps = centred / x64.std(-1, keepdim=True, correction=0)
+        plain = F.layer_norm(x64, (x.shape[-1],), eps=eps)
+        for candidate, message in (
+            (unbiased * _f64(weight) + _f64(bias),
+             "your output matches the *unbiased* variance (dividing by H - 1); LayerNorm divides by H "
+             "(use correction=0 / unbiased=False)"),
+            (eps_outside * _f64(weight) + _f64(bias),
+             "your output matches (x - mean) / (std + eps): eps belongs inside the square root, "
+             "(x - mean) / sqrt(var + eps)"),
+            (no_eps * _f64(weight) + _f64(bias),
+             "your output matches a LayerNorm without eps: add eps to the variance"),
+            (plain, "your output is normalised but ignores the gain and bias: return weight * x_hat + bias"),
+        ):
+            if torch.isfinite(candidate).all() and _close(output, candidate):
+                return message
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {output.dtype}",
+        lambda: finite_problem(output, "your output"),
+        diagnosis,
+        lambda: close_problem(output, expected, "your output", "F.layer_norm (nn.LayerNorm)", atol=1e-4, rtol=1e-3),
+    )
+
+
+# --- part 2: dropout -------------------------------------------------------------------------------------
+def _dropout_cases(g: torch.Generator) -> list[Case]:
+    def x(*shape: int) -> torch.Tensor:
+        sign = torch.where(torch.rand(*shape, generator=g) < 0.5, -1.0, 1.0)
+        return sign * (0.5 + torch.rand(*shape, generator=g))  # never zero, so a dropped entry is visible
+
+    return [
+        Case("training, p = 0.2, x (200, 500)", (x(200, 500),), {"p": 0.2, "training": True}),
+        Case("training, p = 0.5, x (4, 100, 100)", (x(4, 100, 100),), {"p": 0.5, "training": True}),
+        Case("training, p = 0.9, x (300, 300)", (x(300, 300),), {"p": 0.9, "training": True}),
+        Case("evaluation (training=False) returns the input unchanged", (x(30, 40),), {"p": 0.3, "training": False}),
+        Case("p = 0 keeps everything", (x(50, 50),), {"p": 0.0, "training": True}),
+        Case("p = 1 drops everything, without NaN", (x(20, 20),), {"p": 1.0, "training": True}),
+        Case("float64 input keeps its dtype", (x(100, 100).double(),), {"p": 0.3, "training": True}),
+    ]
+
+
+def _run_dropout(obj: Any, case: Case) -> Any:
+    if case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0:
+        return call_function(obj, case), call_function(obj, case)  # two calls: the masks must differ
+    return call_function(obj, case)
+
+
+def _verify_dropout(case: Case, output: Any) -> str | None:
+    x = case.args[0]
+    p, training = case.kwargs["p"], case.kwargs["training"]
+    two_calls = training and 0.0 < p < 1.0
+    if two_calls:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return f"expected your function to return a tensor, got {type(output).__name__}"
+        first, second = output
+    else:
+        first, second = output, None
+    problem = first_problem(
+        lambda: tensor_problem(first, "your output", x.shape),
+        lambda: None if first.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {first.dtype}",
+        lambda: finite_problem(first, "your output", by_rows=False),
+    )
+    if problem:
+        return problem
+    out = _f64(first)
+    if not training or p == 0.0:
+        what = "in evaluation mode" if not training else "with p = 0"
+        if not torch.equal(out, _f64(x)):
+            return (f"{what} dropout must return its input unchanged (no zeros, no rescaling); yours differs "
+                    f"by up to {fmt(float((out - _f64(x)).abs().max()))}")
+        return None
+    if p == 1.0:
+        return None if bool((out == 0).all()) else "with p = 1 every entry must be zero (and not NaN)"
+    kept = out != 0
+    matrix = kept.reshape(-1, x.shape[-1])
+    if bool((~matrix).all(dim=1).any()) or bool((~matrix).all(dim=0).any()):
+        return "whole rows or columns of your output are zero: draw an independent keep/drop for every element"
+    dropped = 1.0 - float(kept.double().mean())
+    tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
+    if abs(dropped - p) > tolerance:
+        hint = " (p is the probability of *dropping*, not of keeping)" if abs(dropped - (1 - p)) <= tolerance else ""
+        return f"about {fmt(100 * p)}% of the entries should be zero, but {fmt(100 * dropped)}% are{hint}"
+    ratio = out[kept] / _f64(x)[kept]
+    scale = 1.0 / (1.0 - p)
+    if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-5):
+        return (f"every surviving entry must be multiplied by 1/(1 - p) = {fmt(scale)}, so that the expected value "
+                f"stays the same; yours are multiplied by {fmt(float(ratio.mean()))} on average")
+    if tensor_problem(second, "your output", x.shape) is None and torch.equal(second != 0, first != 0):
+        return "two calls dropped exactly the same entries: draw a new random mask on every call"
+    return None
+
+
+# --- part 3: residual_sublayer ---------------------------------------------------------------------------
+def _residual_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, shape: tuple[int, ...], norm_first: bool, zero: bool = False, scale: float = 1.0) -> Case:
+        d = shape[-1]
+        x = _randn(g, *shape, scale=scale)
+        sublayer = (_zeros_like if zero else
+                    functools.partial(_tanh_linear, _randn(g, d, d, scale=d**-0.5), _randn(g, d, scale=0.1)))
+        norm = functools.partial(_affine_norm, 1.0 + _randn(g, d, scale=0.3), _randn(g, d, scale=0.3))
+        return Case(name, (x, sublayer, norm), {"norm_first": norm_first})
+
+    return [
+        case("post-norm, x (2, 5, 8)", (2, 5, 8), False),
+        case("pre-norm, x (2, 5, 8)", (2, 5, 8), True),
+        case("post-norm, x (3, 4, 16) with large values (std 5)", (3, 4, 16), False, scale=5.0),
+        case("pre-norm, x (3, 4, 16) with large values (std 5)", (3, 4, 16), True, scale=5.0),
+        case("post-norm around a sub-layer that returns zeros: LayerNorm(x)", (2, 6, 8), False, zero=True),
+        case("pre-norm around a sub-layer that returns zeros: x itself", (2, 6, 8), True, zero=True),
+    ]
+
+
+def _verify_residual(case: Case, output: Any) -> str | None:
+    x, sublayer, norm = case.args
+    norm_first = case.kwargs["norm_first"]
+    x64 = _f64(x)
+    f = lambda t: _f64(sublayer(t))  # noqa: E731  (the reference runs in float64)
+    n = lambda t: _f64(norm(t))  # noqa: E731
+    post = n(x64 + f(x64))
+    pre = x64 + f(n(x64))
+    expected = pre if norm_first else post
+
+    def diagnosis() -> str | None:
+        if _close(output, expected):
+            return None
+        wanted = "pre-norm x + f(norm(x))" if norm_first else "post-norm norm(x + f(x))"
+        for candidate, message in (
+            (post if norm_first else pre,
+             f"your output is the {'post' if norm_first else 'pre'}-norm result; with norm_first={norm_first} "
+             f"it should be the {wanted}"),
+            (n(x64) + f(n(x64)), "you added the *normalised* input; pre-norm adds the raw input: x + f(norm(x))"),
+            (n(f(x64)), "you left out the residual: post-norm is norm(x + f(x))"),
+            (f(x64) if not norm_first else f(n(x64)), "you left out the residual connection (the '+ x')"),
+            (x64 + n(f(x64)), "you normalised the sub-layer's output only; post-norm normalises the sum, "
+                              "norm(x + f(x))"),
+        ):
+            if _close(output, candidate):
+                return message
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: finite_problem(output, "your output"),
+        diagnosis,
+        lambda: close_problem(output, expected, "your output",
+                              "x + f(norm(x))" if norm_first else "norm(x + f(x))", atol=1e-4, rtol=1e-3),
+    )
+
+
+# --- part 4: AddAndNorm ------------------------------------------------------------------------------
+def _add_and_norm_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, shape: tuple[int, ...], norm_first: bool, dropout: float = 0.1, mode: str = "eval") -> Case:
+        d = shape[-1]
+        sublayer = (_ones_like if mode == "train" else
+                    functools.partial(_tanh_linear, _randn(g, d, d, scale=d**-0.5), _randn(g, d, scale=0.1)))
+        data = {"d_model": d, "dropout": dropout, "norm_first": norm_first, "mode": mode,
+                "weight": 1.0 + _randn(g, d, scale=0.3), "bias": _randn(g, d, scale=0.3)}
+        return Case(name, (_randn(g, *shape), sublayer), data=data)
+
+    return [
+        case("post-norm, evaluation mode, d_model 8", (2, 5, 8), False),
+        case("pre-norm, evaluation mode, d_model 16", (3, 4, 16), True),
+        case("post-norm, dropout 0.3, evaluation mode: dropout is off", (2, 3, 8), False, dropout=0.3),
+        case("pre-norm in training mode, dropout 0.25: dropout acts on the sub-layer's output", (8, 50, 64), True,
+             dropout=0.25, mode="train"),
+        case("post-norm in training mode, dropout 0.5: two calls differ", (2, 5, 8), False, dropout=0.5,
+             mode="train_twice"),
+    ]
+
+
+def _run_add_and_norm(obj: Any, case: Case) -> Any:
+    data = case.data
+    (x, sublayer), _ = case.fresh_args()
+    module = obj(data["d_model"], dropout=data["dropout"], norm_first=data["norm_first"])
+    parameters = {name: list(p.shape) for name, p in module.named_parameters() if p.requires_grad}
+    norm = getattr(module, "norm", None)
+    if not all(isinstance(getattr(norm, name, None), torch.Tensor) for name in ("weight", "bias")):
+        return {"parameters": parameters, "missing_norm": True}
+    initial = (norm.weight.detach().clone(), norm.bias.detach().clone())
+    with torch.no_grad():
+        norm.weight.copy_(data["weight"])
+        norm.bias.copy_(data["bias"])
+    if data["mode"] == "eval":
+        module.eval()
+        with torch.no_grad():
+            return {"parameters": parameters, "initial": initial, "output": module(x, sublayer)}
+    module.train()
+    with torch.no_grad():
+        return {"parameters": parameters, "initial": initial, "output": module(x, sublayer),
+                "again": module(x, sublayer)}
+
+
+def _verify_add_and_norm(case: Case, output: Any) -> str | None:
+    data = case.data
+    x, sublayer = case.args
+    d = data["d_model"]
+    if isinstance(output, dict) and output.get("missing_norm"):
+        return ("AddAndNorm needs its LayerNorm as self.norm, with learnable weight and bias parameters of shape "
+                f"({d},), e.g. nn.LayerNorm(d_model)")
+    if not isinstance(output, dict) or "output" not in output:
+        return f"expected your module to return a tensor, got {type(output).__name__}"
+    out = output["output"]
+
+    def parameters() -> str | None:
+        shapes = output["parameters"]
+        if sorted(map(tuple, shapes.values())) != [(d,), (d,)]:
+            return (f"AddAndNorm(d_model={d}) should own exactly two learnable parameters of shape ({d},), the "
+                    f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
+                    "__init__?)")
+        weight, bias = output["initial"]
+        if not (torch.equal(_f64(weight), torch.ones(d, dtype=torch.float64))
+                and torch.equal(_f64(bias), torch.zeros(d, dtype=torch.float64))):
+            return "a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)"
+        return None
+
+    weight, bias = data["weight"], data["bias"]
+    norm = functools.partial(_affine_norm, weight.double(), bias.double())
+    x64 = _f64(x)
+
+    def values() -> str | None:
+        if data["mode"] == "eval":
+            pre = x64 + _f64(sublayer(norm(x64)))
+            post = norm(x64 + _f64(sublayer(x64)))
+            expected, other = (pre, post) if data["norm_first"] else (post, pre)
+            if not _close(out, expected):
+                if _close(out, other):
+                    return (f"your module computes the {'post' if data['norm_first'] else 'pre'}-norm order, but "
+                            f"norm_first={data['norm_first']}")
+                return close_problem(out, expected, "your output (evaluation mode: dropout off)",
+                                     "x + sublayer(norm(x))" if data["norm_first"] else "norm(x + sublayer(x))",
+                                     atol=1e-4, rtol=1e-3)
+            return None
+        if data["mode"] == "train":  # pre-norm with a sub-layer of ones: out - x = Dropout(ones)
+            p = data["dropout"]
+            change = _f64(out) - x64
+            kept = change.abs() > 1e-6
+            dropped = 1.0 - float(kept.double().mean())
+            tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
+            zeros = float((_f64(out) == 0).double().mean())
+            if abs(zeros - p) <= tolerance:
+                return ("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
+                        "before the residual add, so that x always passes through")
+            if abs(dropped) < tolerance:
+                return "in training mode your module applies no dropout to the sub-layer's output"
+            if abs(dropped - p) > tolerance:
+                return (f"with a sub-layer that returns ones, about {fmt(100 * p)}% of out - x should be 0 (dropped), "
+                        f"but {fmt(100 * dropped)}% are; apply dropout to the sub-layer's output only")
+            scale = 1.0 / (1.0 - p)
+            if not torch.allclose(change[kept], torch.full_like(change[kept], scale), rtol=1e-4, atol=1e-5):
+                return (f"the sub-layer's surviving outputs (ones) should arrive as 1/(1 - p) = {fmt(scale)} in "
+                        "out - x; apply dropout to the sub-layer's output, before the residual add")
+            return None
+        again = output.get("again")
+        if isinstance(again, torch.Tensor) and torch.equal(again, out):
+            return "in training mode two calls gave the same output: is dropout (with module.train()) applied?"
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(out, "your output", x.shape),
+        lambda: finite_problem(out, "your output"),
+        parameters,
+        values,
+    )
+
+
+EXERCISE = Exercise(
+    id="ex08",
+    title="LayerNorm, dropout and residual connections",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="layer_norm",
+            function="layer_norm",
+            points=2,
+            summary="weight * (x - mean) / sqrt(biased var + eps) + bias over the last dimension",
+            hint="Over dim=-1 with keepdim=True: mean = x.mean(...), var = x.var(..., correction=0) (the biased "
+                 "variance, divide by H). Then (x - mean) / torch.sqrt(var + eps), with eps inside the root, times "
+                 "weight plus bias. A constant row has var = 0, and eps keeps the division finite.",
+            make_cases=_layer_norm_cases,
+            verify=_verify_layer_norm,
+        ),
+        Part(
+            name="dropout",
+            function="dropout",
+            points=2,
+            summary="inverted dropout: zero each entry with probability p, scale survivors by 1/(1 - p)",
+            hint="In training, draw keep = torch.rand_like(x) >= p (True with probability 1 - p, one draw per "
+                 "element, a new draw on every call), and return x * keep / (1 - p). When training is False or "
+                 "p == 0, return x unchanged; when p == 1, return zeros (dividing by 1 - p = 0 would give NaN).",
+            make_cases=_dropout_cases,
+            verify=_verify_dropout,
+            run=_run_dropout,
+        ),
+        Part(
+            name="residual_sublayer",
+            function="residual_sublayer",
+            points=2,
+            summary="post-norm norm(x + f(x)) or pre-norm x + f(norm(x)), chosen by norm_first",
+            hint="Two one-liners. Post-norm (norm_first=False), the paper's order: add first, then normalise the "
+                 "sum, norm(x + sublayer(x)). Pre-norm (norm_first=True): normalise what goes into the sub-layer, "
+                 "and add the sub-layer's output to the raw x, x + sublayer(norm(x)).",
+            make_cases=_residual_cases,
+            verify=_verify_residual,
+        ),
+        Part(
+            name="add_and_norm",
+            function="AddAndNorm",
+            points=3,
+            summary="a module with a learnable LayerNorm and dropout around any sub-layer, in either order",
+            hint="In __init__ (after super().__init__()): self.norm = nn.LayerNorm(d_model), "
+                 "self.dropout = nn.Dropout(dropout), self.norm_first = norm_first. In forward(x, sublayer): "
+                 "pre-norm returns x + self.dropout(sublayer(self.norm(x))); post-norm returns "
+                 "self.norm(x + self.dropout(sublayer(x))). The dropout goes on the sub-layer's output, never on x.",
+            make_cases=_add_and_norm_cases,
+            verify=_verify_add_and_norm,
+            run=_run_add_and_norm,
+        ),
+    ),
+)

@@ -1,0 +1,484 @@
+"""Exercise 09, the encoder: the checks behind ``exercises/ex09_the_encoder.ipynb``.
+
+The learner writes chapter 09's core: the position-wise feed-forward network (with a clear error when its
+output width is not d_model), the conversion of a linear layer into a kernel-size-1 convolution, an encoder
+layer assembled from the library's multi-head attention and feed-forward network (checked against
+``nn.TransformerEncoderLayer``, whose weights are loaded into it), and a classifier head that pools over
+the real tokens and then applies a linear layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_course.grading.compare import (
+    close_problem,
+    finite_problem,
+    first_problem,
+    fmt,
+    fmt_shape,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.layers import EncoderLayer
+
+PREAMBLE = """\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attention_course as ac
+"""
+
+
+def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float64)
+
+
+def _close(actual: Any, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
+    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape
+            and bool(torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=rtol)))
+
+
+def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
+    while True:
+        perm = torch.randperm(n, generator=g)
+        if not torch.equal(perm, torch.arange(n)):
+            return perm
+
+
+# --- part 1: feed_forward -----------------------------------------------------------------------------
+def _ffn_weights(g: torch.Generator, d_model: int, d_ff: int, d_out: int | None = None) -> tuple[torch.Tensor, ...]:
+    d_out = d_model if d_out is None else d_out
+    return (_randn(g, d_model, d_ff, scale=d_model**-0.5), _randn(g, d_ff, scale=0.1),
+            _randn(g, d_ff, d_out, scale=d_ff**-0.5), _randn(g, d_out, scale=0.1))
+
+
+def _ffn_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("x (5, 8), d_ff = 32", (_randn(g, 5, 8), *_ffn_weights(g, 8, 32))),
+        Case("a batch of sequences, x (2, 6, 8), d_ff = 16", (_randn(g, 2, 6, 8), *_ffn_weights(g, 8, 16))),
+        Case("a hidden layer narrower than the model, d_ff = 4", (_randn(g, 3, 5, 8), *_ffn_weights(g, 8, 4))),
+        Case("reordering the positions reorders the outputs (position-wise)",
+             (_randn(g, 7, 6), *_ffn_weights(g, 6, 24)), data={"perm": _permutation(g, 7)}),
+        Case("W2 maps to width 12, but d_model is 8: ValueError naming both",
+             (_randn(g, 4, 8), *_ffn_weights(g, 8, 16, d_out=12)), data={"error": (12, 8)}),
+        Case("W1 expects 10 features, x has 8: ValueError naming both",
+             (_randn(g, 4, 8), _randn(g, 10, 16), _randn(g, 16), _randn(g, 16, 8), _randn(g, 8)),
+             data={"error": (10, 8)}),
+    ]
+
+
+def _run_ffn(obj: Any, case: Case) -> Any:
+    if "error" in case.data:
+        try:
+            result = call_function(obj, case)
+        except NotImplementedError:
+            raise  # "not attempted yet", not a wrong answer
+        except Exception as error:  # noqa: BLE001  (what was raised is the answer here; verify judges it)
+            return {"raised": type(error).__name__, "message": str(error)[:500]}
+        return {"returned": result}
+    if "perm" in case.data:
+        (x, *weights), _ = case.fresh_args()
+        return call_function(obj, case), obj(x[case.data["perm"]].clone(), *weights)
+    return call_function(obj, case)
+
+
+def _reference_ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor,
+                   b2: torch.Tensor) -> torch.Tensor:
+    return torch.relu(_f64(x) @ _f64(W1) + _f64(b1)) @ _f64(W2) + _f64(b2)
+
+
+def _verify_ffn(case: Case, output: Any) -> str | None:
+    x, W1, b1, W2, b2 = case.args
+    if "error" in case.data:
+        numbers = case.data["error"]
+        if not isinstance(output, dict) or "raised" not in output:
+            return ("expected a ValueError (the FFN's output must have width d_model, and W1 must match x's "
+                    "features), but your function returned normally")
+        if output["raised"] != "ValueError":
+            return f"expected a ValueError, got {output['raised']}: {output['message']}"
+        missing = [str(n) for n in numbers if str(n) not in output["message"]]
+        if missing:
+            return (f"your ValueError should name the two sizes that disagree ({numbers[0]} and {numbers[1]}); "
+                    f"its message was: {output['message']!r}")
+        return None
+    permuted = None
+    if "perm" in case.data:
+        if not isinstance(output, tuple) or len(output) != 2:
+            return f"expected a tensor, got {type(output).__name__}"
+        output, permuted = output
+    expected = _reference_ffn(x, W1, b1, W2, b2)
+
+    def diagnosis() -> str | None:
+        if _close(output, expected):
+            return None
+        no_relu = (_f64(x) @ _f64(W1) + _f64(b1)) @ _f64(W2) + _f64(b2)
+        if _close(output, no_relu):
+            return "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"
+        relu_after = torch.relu(no_relu)
+        if _close(output, relu_after):
+            return "you applied ReLU to the output; it belongs on the hidden layer only"
+        return None
+
+    def position_wise() -> str | None:
+        if permuted is None:
+            return None
+        problem = tensor_problem(permuted, "your output", expected.shape)
+        if problem:
+            return problem
+        gap = float((_f64(permuted) - _f64(output)[case.data["perm"]]).abs().max())
+        if not gap <= 1e-4:
+            return (f"reordering the input positions should reorder your outputs the same way (the FFN treats every "
+                    f"position alone), but they differ by up to {fmt(gap)}")
+        return None
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+        diagnosis,
+        lambda: close_problem(output, expected, "your output", "relu(x @ W1 + b1) @ W2 + b2"),
+        position_wise,
+    )
+
+
+# --- part 2: linear_to_conv1d ------------------------------------------------------------------------
+def _conv_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, d_in: int, d_out: int, batch: int, length: int) -> Case:
+        return Case(name, (_randn(g, d_in, d_out, scale=d_in**-0.5), _randn(g, d_out, scale=0.1)),
+                    data={"x": _randn(g, batch, length, d_in)})
+
+    return [
+        case("W (8, 32), b (32,): the first layer of an FFN with d_model 8, d_ff 32", 8, 32, 2, 5),
+        case("W (32, 8), b (8,): the second layer", 32, 8, 3, 4),
+        case("W (6, 6), b (6,): a square weight (transposing matters all the same)", 6, 6, 2, 7),
+    ]
+
+
+def _run_conv(obj: Any, case: Case) -> Any:
+    result = call_function(obj, case)
+    if not isinstance(result, tuple) or len(result) != 2:
+        return {"returned": result}
+    kernel, bias = result
+    x = case.data["x"].clone()
+    try:  # apply the learner's kernel the way nn.Conv1d would: (B, L, d) -> (B, d, L) -> conv -> back
+        applied = F.conv1d(x.transpose(1, 2), kernel, bias).transpose(1, 2)
+    except Exception as error:  # noqa: BLE001
+        applied = f"{type(error).__name__}: {error}"[:300]
+    return {"kernel": kernel, "bias": bias, "applied": applied}
+
+
+def _verify_conv(case: Case, output: Any) -> str | None:
+    W, b = case.args
+    d_in, d_out = W.shape
+    if not isinstance(output, dict) or "kernel" not in output:
+        return "expected a tuple (kernel, bias)"
+    kernel, bias = output["kernel"], output["bias"]
+    expected = _f64(case.data["x"]) @ _f64(W) + _f64(b)
+
+    def kernel_shape() -> str | None:
+        problem = tensor_problem(kernel, "your kernel", (d_out, d_in, 1))
+        if problem and isinstance(kernel, torch.Tensor) and tuple(kernel.shape) == (d_in, d_out, 1):
+            return (f"your kernel has shape {fmt_shape(kernel.shape)}; nn.Conv1d kernels are (out_channels, "
+                    f"in_channels, kernel_size) = {fmt_shape((d_out, d_in, 1))}: transpose W first")
+        return problem
+
+    def applied() -> str | None:
+        result = output["applied"]
+        if isinstance(result, str):
+            return f"F.conv1d with your kernel and bias raised {result}"
+        return close_problem(result, expected, "conv1d with your kernel", "x @ W + b at every position")
+
+    return first_problem(
+        kernel_shape,
+        lambda: tensor_problem(bias, "your bias", (d_out,)),
+        applied,
+    )
+
+
+# --- part 3: the encoder layer -------------------------------------------------------------------------
+def _torch_layer(d_model: int, num_heads: int, d_ff: int, dropout: float,
+                 norm_first: bool) -> nn.TransformerEncoderLayer:
+    return nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=dropout, batch_first=True,
+                                      norm_first=norm_first)
+
+
+def _encoder_layer_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, length: int, d_model: int, num_heads: int, d_ff: int, norm_first: bool,
+             lengths: list[int] | None = None, dropout: float = 0.1, mode: str = "eval") -> Case:
+        reference = _torch_layer(d_model, num_heads, d_ff, dropout, norm_first)
+        with torch.no_grad():  # random weights from g (also the norms' gains and biases, which start at 1 and 0)
+            for parameter in reference.parameters():
+                parameter.copy_(_randn(g, *parameter.shape, scale=0.3))
+            for norm in (reference.norm1, reference.norm2):
+                norm.weight.copy_(1.0 + _randn(g, d_model, scale=0.2))
+        state = EncoderLayer.from_torch(reference).state_dict()  # the same weights under the library's names
+        keep = None
+        if lengths is not None:
+            keep = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # (B, L) True = real token
+        x = _randn(g, batch, length, d_model)
+        data = {"config": (d_model, num_heads, d_ff, dropout, norm_first), "state": state,
+                "torch_state": reference.state_dict(), "mode": mode}
+        mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L), True = may attend
+        return Case(name, (x, mask), data=data)
+
+    return [
+        case("post-norm, no padding, x (2, 5, 16), 4 heads", 2, 5, 16, 4, 32, False),
+        case("post-norm with a padding mask (lengths 6 and 3), x (2, 6, 16)", 2, 6, 16, 4, 32, False, [6, 3]),
+        case("pre-norm (norm_first=True) with a padding mask, x (3, 5, 8), 2 heads", 3, 5, 8, 2, 24, True,
+             [5, 2, 4]),
+        case("training mode, dropout 0.5: the sub-layers' outputs are dropped out (two calls differ)", 2, 4, 8, 2, 16,
+             False, mode="train"),
+    ]
+
+
+def _run_encoder_layer(obj: Any, case: Case) -> Any:
+    d_model, num_heads, d_ff, dropout, norm_first = case.data["config"]
+    module = obj(d_model, num_heads, d_ff, dropout=dropout, norm_first=norm_first)
+    count = sum(p.numel() for p in module.parameters())
+    try:
+        module.load_state_dict(case.data["state"])
+    except RuntimeError as error:
+        return {"count": count, "load_error": str(error)[:600]}
+    (x, mask), _ = case.fresh_args()
+    if case.data["mode"] == "eval":
+        module.eval()
+        with torch.no_grad():
+            return {"count": count, "output": module(x, mask)}
+    # Switch off the dropout *inside* attention and the FFN, so that only the residual branches' dropout is left.
+    attention = getattr(module, "self_attention", None)
+    if isinstance(getattr(attention, "dropout", None), float):
+        attention.dropout = 0.0
+    inner = getattr(getattr(module, "feed_forward", None), "dropout", None)
+    if hasattr(inner, "p"):
+        inner.p = 0.0
+    module.train()
+    with torch.no_grad():
+        return {"count": count, "output": module(x, mask), "again": module(x, mask)}
+
+
+def _reference_encoder_layer(case: Case, mask: torch.Tensor | None, norm_first: bool | None = None) -> torch.Tensor:
+    d_model, num_heads, d_ff, dropout, config_norm_first = case.data["config"]
+    layer = _torch_layer(d_model, num_heads, d_ff, dropout, config_norm_first if norm_first is None else norm_first)
+    layer.load_state_dict(case.data["torch_state"])
+    layer = layer.double().eval()
+    x = _f64(case.args[0])
+    padding = None if mask is None else ~mask[:, 0, 0, :]  # PyTorch marks padding with True
+    with torch.no_grad():
+        return layer(x, src_key_padding_mask=padding)
+
+
+def _verify_encoder_layer(case: Case, output: Any) -> str | None:
+    d_model, num_heads, d_ff, dropout, norm_first = case.data["config"]
+    x, mask = case.args
+    if not isinstance(output, dict) or "count" not in output:
+        return f"expected your layer to return a tensor, got {type(output).__name__}"
+    formula = 4 * d_model**2 + 4 * d_model + 2 * d_model * d_ff + d_ff + d_model + 4 * d_model
+
+    def loaded() -> str | None:
+        if "load_error" in output:
+            return ("the check could not load nn.TransformerEncoderLayer's weights into your layer; use the "
+                    "attribute names of the task (self_attention, feed_forward, norm1, norm2). PyTorch said: "
+                    + output["load_error"].split("\n")[0][:300])
+        return None
+
+    def count() -> str | None:
+        if output["count"] != formula:
+            return (f"your layer has {output['count']} parameters; an encoder layer with d_model={d_model}, "
+                    f"d_ff={d_ff} has 4d² + 4d (attention) + 2·d·d_ff + d_ff + d (FFN) + 4d (two LayerNorms) "
+                    f"= {formula}")
+        return None
+
+    out = output.get("output")
+
+    def values() -> str | None:
+        if case.data["mode"] == "train":
+            again = output.get("again")
+            if isinstance(again, torch.Tensor) and torch.equal(again, out):
+                return ("in training mode (with the dropout inside attention and the FFN switched off) two calls "
+                        "gave the same output: apply dropout to each sub-layer's output, before the residual add")
+            return None
+        expected = _reference_encoder_layer(case, mask)
+        if _close(out, expected):
+            return None
+        if _close(out, _reference_encoder_layer(case, mask, norm_first=not norm_first)):
+            return (f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
+                    f"norm_first={norm_first}")
+        if mask is not None and _close(out, _reference_encoder_layer(case, None)):
+            return ("your output matches a layer that ignores the padding mask: pass mask to the self-attention "
+                    "so that no token attends to padding")
+        return close_problem(out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the "
+                             "same weights", atol=1e-4, rtol=1e-3)
+
+    return first_problem(
+        loaded,
+        lambda: tensor_problem(out, "your output", x.shape),
+        lambda: finite_problem(out, "your output"),
+        count,
+        values,
+    )
+
+
+# --- part 4: the classifier head ---------------------------------------------------------------------
+def _head_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, lengths: list[int], length: int, d_model: int, num_classes: int, pooling: str,
+             negative: bool = False) -> Case:
+        states = _randn(g, len(lengths), length, d_model)
+        if negative:
+            states = -3.0 - states.abs()  # every real feature negative: padding filled with 0 would win a max
+        keep = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
+        states[~keep] = 1e4  # junk on padding: any leak into the pool shows
+        data = {"config": (d_model, num_classes, pooling), "weight": _randn(g, num_classes, d_model, scale=0.3),
+                "bias": _randn(g, num_classes, scale=0.3)}
+        return Case(name, (states, keep), data=data)
+
+    return [
+        case("mean pooling, states (3, 6, 8), lengths 6, 3 and 1, 2 classes", [6, 3, 1], 6, 8, 2, "mean"),
+        case("mean pooling, 4 classes, d_model 16", [5, 2], 5, 16, 4, "mean"),
+        case("max pooling, states (3, 5, 8), lengths 5, 2 and 4", [5, 2, 4], 5, 8, 2, "max"),
+        case("max pooling with all-negative features (padding must not win the max)", [4, 1], 4, 8, 3, "max",
+             negative=True),
+    ]
+
+
+def _run_head(obj: Any, case: Case) -> Any:
+    d_model, num_classes, pooling = case.data["config"]
+    module = obj(d_model, num_classes, pooling=pooling)
+    parameters = {name: list(p.shape) for name, p in module.named_parameters()}
+    linear = getattr(module, "linear", None)
+    if not isinstance(linear, nn.Linear):
+        return {"parameters": parameters, "no_linear": True}
+    with torch.no_grad():
+        linear.weight.copy_(case.data["weight"])
+        linear.bias.copy_(case.data["bias"])
+    (states, keep), _ = case.fresh_args()
+    with torch.no_grad():
+        first = module(states.clone(), keep.clone())
+        second = module(states.clone(), keep.clone())
+    return {"parameters": parameters, "output": first, "again": second}
+
+
+def _verify_head(case: Case, output: Any) -> str | None:
+    d_model, num_classes, pooling = case.data["config"]
+    states, keep = case.args
+    weight, bias = _f64(case.data["weight"]), _f64(case.data["bias"])
+    if not isinstance(output, dict):
+        return f"expected logits, got {type(output).__name__}"
+    if output.get("no_linear"):
+        return (f"the head needs its linear layer as self.linear = nn.Linear(d_model, num_classes), created in "
+                f"__init__; yours has parameters {output['parameters'] or 'none'}")
+    out = output["output"]
+    s = _f64(states)
+    mask = keep[..., None]
+    mean = (s * mask).sum(1) / keep.sum(1, keepdim=True)
+    maximum = s.masked_fill(~mask, float("-inf")).amax(1)
+    pooled = mean if pooling == "mean" else maximum
+    expected = pooled @ weight.T + bias  # (B, C)
+
+    def returned_tensor() -> str | None:
+        if isinstance(out, (tuple, list)):
+            return ("your head returned a tuple (torch.max(x, dim=1) returns (values, indices)); return the logits "
+                    "tensor, e.g. x.max(dim=1).values or x.amax(dim=1), then the linear layer")
+        return tensor_problem(out, "your logits", (states.shape[0], num_classes))
+
+    def parameters() -> str | None:
+        shapes = sorted(map(tuple, output["parameters"].values()))
+        if shapes != sorted([(num_classes, d_model), (num_classes,)]):
+            return (f"the head should own exactly the linear layer's weight ({num_classes}, {d_model}) and bias "
+                    f"({num_classes},), built in __init__; yours has {output['parameters'] or 'no parameters'}")
+        again = output.get("again")
+        if isinstance(again, torch.Tensor) and not torch.equal(again, out):
+            return "the same input gave different logits on two calls: create the layers in __init__, not in forward"
+        return None
+
+    def diagnosis() -> str | None:
+        if _close(out, expected):
+            return None
+        leaky = (s.mean(1) if pooling == "mean" else s.amax(1)) @ weight.T + bias
+        if _close(out, leaky, atol=1e-2, rtol=1e-3):
+            return "padding leaked into your pool: average (or take the maximum) over the real tokens only (keep)"
+        if pooling == "max":
+            zero_filled = s.masked_fill(~mask, 0.0).amax(1) @ weight.T + bias
+            if _close(out, zero_filled):
+                return ("you filled the padding with 0 before the maximum; with negative features 0 wins: fill it "
+                        "with -inf (or the dtype's lowest value)")
+        return None
+
+    return first_problem(
+        returned_tensor,
+        lambda: finite_problem(out, "your logits"),
+        parameters,
+        diagnosis,
+        lambda: close_problem(out, expected, "your logits", f"Linear({pooling} over the real tokens)"),
+    )
+
+
+EXERCISE = Exercise(
+    id="ex09",
+    title="The encoder",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="feed_forward",
+            function="feed_forward",
+            points=1,
+            summary="relu(x @ W1 + b1) @ W2 + b2 at every position, with a ValueError when the widths disagree",
+            hint="With one token per row: hidden = torch.relu(x @ W1 + b1), then hidden @ W2 + b2. Before that, "
+                 "compare W1.shape[0] with x.shape[-1] and W2.shape[1] with x.shape[-1] (the output must have width "
+                 "d_model for the residual add) and raise ValueError(f'... {a} ... {b} ...') naming both numbers.",
+            make_cases=_ffn_cases,
+            verify=_verify_ffn,
+            run=_run_ffn,
+        ),
+        Part(
+            name="linear_to_conv1d",
+            function="linear_to_conv1d",
+            points=1,
+            summary="the (out, in, 1) kernel and bias that make F.conv1d compute x @ W + b at every position",
+            hint="In the row-vector convention W has shape (in, out); nn.Conv1d stores kernels as (out_channels, "
+                 "in_channels, kernel_size). So the kernel is W.T with a trailing axis of size 1: "
+                 "W.T.unsqueeze(-1). The bias is unchanged.",
+            make_cases=_conv_cases,
+            verify=_verify_conv,
+            run=_run_conv,
+        ),
+        Part(
+            name="encoder_layer",
+            function="MyEncoderLayer",
+            points=3,
+            summary="self-attention and FFN, each with dropout, residual and LayerNorm, post- or pre-norm",
+            hint="In __init__: self.self_attention = ac.MultiHeadAttention(d_model, num_heads, dropout=dropout), "
+                 "self.feed_forward = ac.PositionwiseFeedForward(d_model, d_ff, dropout=dropout), self.norm1 and "
+                 "self.norm2 = nn.LayerNorm(d_model), and two nn.Dropout(dropout). In forward, the attention "
+                 "sub-layer is a = self.self_attention(h, h, h, mask=mask)[0] (the [0] drops the weights). "
+                 "Post-norm: x = norm1(x + dropout1(a on x)), then x = norm2(x + dropout2(FFN(x))). Pre-norm: "
+                 "x = x + dropout1(a on norm1(x)), then x = x + dropout2(FFN(norm2(x))).",
+            make_cases=_encoder_layer_cases,
+            verify=_verify_encoder_layer,
+            run=_run_encoder_layer,
+        ),
+        Part(
+            name="classifier_head",
+            function="PoolingClassifierHead",
+            points=2,
+            summary="pool the real tokens' states (mean or max), then one linear layer, built in __init__",
+            hint="Build self.linear = nn.Linear(d_model, num_classes) in __init__. In forward, m = keep[..., None]. "
+                 "Mean: (states * m).sum(1) / keep.sum(1, keepdim=True). Max: "
+                 "states.masked_fill(~m, float('-inf')).amax(1) (amax returns a tensor; torch.max(..., dim=1) "
+                 "returns a (values, indices) pair). Then return self.linear(pooled).",
+            make_cases=_head_cases,
+            verify=_verify_head,
+            run=_run_head,
+        ),
+    ),
+)
