@@ -29,3 +29,14 @@ def test_ci_script_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make book" in readme
+
+
+def test_readme_shows_the_site_with_a_committed_screenshot():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    images = re.findall(r"!\[([^\]]+)\]\(([^)]+\.png)\)", readme)
+    assert images, "the README shows no screenshot of the site"
+    for alt, path in images:
+        assert alt.strip(), f"README image {path} has no alt text"
+        assert (ROOT / path).stat().st_size > 20_000, f"README image {path} is missing or empty"
