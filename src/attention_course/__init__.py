@@ -44,6 +44,10 @@ from attention_course.rnn import AttentionGRUDecoder, GRUEncoder, Seq2SeqGRU
 # Chapter 9: an encoder-only classifier
 from attention_course.classifier import EncoderClassifier, pool_tokens
 
+# Chapter 10: training and decoding the full Transformer
+from attention_course.decoding import beam_search, greedy_decode
+from attention_course.training import LabelSmoothingLoss, warmup_lr
+
 # Chapter 11: making attention fast
 from attention_course.efficient import (
     KVCache,

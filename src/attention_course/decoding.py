@@ -1,0 +1,201 @@
+"""Turning a trained encoder–decoder into a translator: greedy decoding and beam search (chapter 10).
+
+Both work with any model that has the two methods of :class:`~attention_course.Transformer`:
+
+- ``model.encode(src (B, Ls), src_mask) -> memory (B, Ls, d_model)``, run once per sentence;
+- ``model.decode(tgt (B, t), memory, tgt_mask, memory_mask) -> logits (B, t, vocab)``, run once per new
+  token on the whole prefix generated so far (position ``t - 1`` of the logits predicts the next token).
+
+Neither caches anything between steps: every step re-runs the decoder on the full prefix, which costs
+O(t²) work per sentence. Chapter 11 removes that cost with a key–value cache.
+
+Decoded sequences start with ``bos_id``. A sequence that has produced ``eos_id`` is finished: the positions
+after its eos hold ``pad_id`` (or ``eos_id`` again when no ``pad_id`` is given) and are ignored by
+:func:`sequence_log_probs`. Decoding stops when every sequence is finished or after ``max_len`` new tokens.
+
+Call ``model.eval()`` first: decoding in training mode would apply dropout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attention_course.masks import causal_mask, padding_mask
+
+__all__ = ["beam_search", "greedy_decode", "sequence_log_probs"]
+
+
+def _check_common(src: Tensor, max_len: int, bos_id: int, eos_id: int) -> None:
+    if not isinstance(src, Tensor) or src.dim() != 2:
+        shape = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+        raise ValueError(f"src must be a (batch, length) tensor of token ids, got {shape}")
+    if src.is_floating_point() or src.dtype == torch.bool:
+        raise TypeError(f"src must hold integer token ids, got dtype {src.dtype}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _source_mask(src: Tensor, pad_id: int | None, src_mask: Tensor | None) -> Tensor | None:
+    """The given mask, or the padding mask ``(B, 1, 1, Ls)`` built from ``pad_id``, or None."""
+    if src_mask is not None:
+        return src_mask
+    return padding_mask(src, pad_id) if pad_id is not None else None
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: nn.Module,
+    src: Tensor,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int | None = None,
+    src_mask: Tensor | None = None,
+) -> Tensor:
+    """Translate by taking the most probable next token at every step.
+
+    Args:
+        model: an encoder–decoder with ``encode`` and ``decode`` (see the module docstring).
+        src: ``(B, Ls)`` source token ids.
+        max_len: the most tokens to generate after bos (eos included).
+        bos_id, eos_id: ids of the start and end tokens.
+        pad_id: the padding id. It builds the source padding mask (when ``src_mask`` is None) and fills the
+            positions after a sequence's eos. None: no source mask, and eos fills those positions.
+        src_mask: an explicit source mask broadcastable to ``(B, H, 1, Ls)``, True = may attend.
+
+    Returns:
+        ``(B, T)`` token ids with ``T <= max_len + 1``, each row starting with ``bos_id``.
+    """
+    _check_common(src, max_len, bos_id, eos_id)
+    src_mask = _source_mask(src, pad_id, src_mask)
+    fill = eos_id if pad_id is None else pad_id
+    memory = model.encode(src, src_mask)  # (B, Ls, d_model), computed once
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    finished = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)  # (B,)
+    for _ in range(max_len):
+        logits = model.decode(tokens, memory, causal_mask(tokens.size(1), device=src.device), src_mask)
+        next_token = logits[:, -1].argmax(dim=-1)  # (B,): the last position predicts the next token
+        next_token = next_token.masked_fill(finished, fill)  # finished rows only pad
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
+        finished |= next_token == eos_id
+        if bool(finished.all()):
+            break
+    return tokens
+
+
+def _generated_length(tokens: Tensor, eos_id: int) -> Tensor:
+    """``(N, T)`` -> ``(N,)`` number of tokens after bos up to and including the first eos (or all of them)."""
+    is_eos = tokens[:, 1:] == eos_id  # (N, T - 1)
+    first_eos = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), tokens.size(1) - 1)
+    return torch.where(is_eos.any(dim=1), first_eos + 1, first_eos)
+
+
+@torch.no_grad()
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    beam_size: int,
+    max_len: int,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int | None = None,
+    src_mask: Tensor | None = None,
+    length_penalty: float = 0.0,
+) -> Tensor:
+    """Translate by keeping the ``beam_size`` most probable prefixes at every step; return the best one.
+
+    At each step every live prefix is extended by every token, and the ``beam_size`` extensions with the
+    highest total log-probability survive (per sentence; the whole batch is searched at once, as
+    ``B * beam_size`` rows). A finished prefix stays in the beam with its score frozen. At the end the
+    hypotheses are ranked by ``log p / lp``, with the length penalty of Wu et al. (2016)
+    ``lp = ((5 + length) / 6) ** length_penalty``, where ``length`` counts the generated tokens, eos
+    included. ``length_penalty = 0`` ranks by log-probability, which favours short outputs; values near 0.6
+    to 1 counter that. The penalty only re-ranks the final beams; pruning uses log-probabilities.
+
+    With ``beam_size=1`` this is exactly :func:`greedy_decode`.
+
+    Args:
+        model, src, max_len, bos_id, eos_id, pad_id, src_mask: as for :func:`greedy_decode`.
+        beam_size: prefixes kept per sentence.
+        length_penalty: exponent of the length penalty (0: none).
+
+    Returns:
+        ``(B, T)`` token ids of the best hypothesis per sentence, starting with ``bos_id``; after eos,
+        ``pad_id`` (or ``eos_id``).
+    """
+    _check_common(src, max_len, bos_id, eos_id)
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    if not length_penalty >= 0:
+        raise ValueError(f"length_penalty must be >= 0, got {length_penalty!r}")
+    src_mask = _source_mask(src, pad_id, src_mask)
+    fill = eos_id if pad_id is None else pad_id
+    batch, k, device = src.size(0), beam_size, src.device
+
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B*k, Ls, d_model)
+    if src_mask is not None and src_mask.dim() == 4 and src_mask.size(0) == batch and batch > 1:
+        src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*k, 1, 1, Ls)
+    tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*k, 1)
+    # Only the first beam is alive at the start: k copies of the same bos would fill the beam with duplicates.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
+    row_offset = torch.arange(batch, device=device)[:, None] * k  # (B, 1): first row of each sentence
+
+    for _ in range(max_len):
+        logits = model.decode(tokens, memory, causal_mask(tokens.size(1), device=device), src_mask)[:, -1]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B*k, V)
+        vocab = log_probs.size(-1)
+        # A finished prefix has one continuation, the fill token, which costs nothing.
+        log_probs[finished] = float("-inf")
+        log_probs[finished, fill] = 0.0
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)  # (B, k*V)
+        scores, index = candidates.topk(k, dim=-1)  # (B, k) each
+        parent = (row_offset + index // vocab).view(-1)  # (B*k,): the row each survivor extends
+        next_token = (index % vocab).view(-1, 1)  # (B*k, 1)
+        tokens = torch.cat([tokens[parent], next_token], dim=1)
+        finished = finished[parent] | (next_token[:, 0] == eos_id)
+        if bool(finished.all()):
+            break
+
+    lengths = _generated_length(tokens, eos_id).view(batch, k).to(scores.dtype)
+    ranked = scores / ((5.0 + lengths) / 6.0) ** length_penalty  # (B, k)
+    best = row_offset[:, 0] + ranked.argmax(dim=-1)  # (B,)
+    return tokens[best]
+
+
+@torch.no_grad()
+def sequence_log_probs(
+    model: nn.Module,
+    src: Tensor,
+    tokens: Tensor,
+    eos_id: int,
+    pad_id: int | None = None,
+    src_mask: Tensor | None = None,
+) -> Tensor:
+    """Log-probability the model gives to each decoded sequence: ``Σ_t log p(y_t | y_<t, x)``.
+
+    Args:
+        model, src, pad_id, src_mask: as for :func:`greedy_decode`.
+        tokens: ``(B, T)`` sequences starting with bos, as returned by the decoders. The sum runs over the
+            tokens after bos up to and including the first eos; later positions are ignored.
+
+    Returns:
+        ``(B,)`` log-probabilities (natural log, float32 or the logits' dtype if wider).
+    """
+    if tokens.dim() != 2 or tokens.size(0) != src.size(0) or tokens.size(1) < 2:
+        raise ValueError(f"tokens must be (batch={src.size(0)}, T >= 2) sequences starting with bos, got "
+                         f"{tuple(tokens.shape)}")
+    src_mask = _source_mask(src, pad_id, src_mask)
+    memory = model.encode(src, src_mask)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # teacher forcing: predict token t from tokens < t
+    logits = model.decode(inputs, memory, causal_mask(inputs.size(1), device=src.device), src_mask)
+    log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    token_log_probs = log_probs.gather(-1, targets[..., None])[..., 0]  # (B, T - 1)
+    lengths = _generated_length(tokens, eos_id)  # (B,)
+    counted = torch.arange(targets.size(1), device=src.device)[None, :] < lengths[:, None]
+    return torch.where(counted, token_log_probs, 0.0).sum(dim=-1)
