@@ -141,3 +141,20 @@ def scalar_problem(value: Any, what: str) -> Problem:
     if isinstance(value, torch.Tensor) and value.numel() != 1:
         return f"expected {what} to be a single number, got {describe(value)}"
     return None
+
+
+def value_error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str | None:
+    """``None`` if ``output`` (from :func:`~attention_course.grading.spec.call_expecting_error`) is a ValueError
+    whose message names every one of ``numbers``; otherwise what is wrong. ``why`` completes "expected a
+    ValueError because ..."."""
+    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
+        return "your output could not be read"
+    if "returned" in output:
+        return f"expected a ValueError because {why}, but your function returned normally"
+    kind, message = output["raised"], str(output.get("message", ""))
+    if kind != "ValueError":
+        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
+    if any(str(n) not in message for n in numbers):
+        return (f"your ValueError should name the offending values ({', '.join(map(str, numbers))}); "
+                f"its message is {message[:120]!r}")
+    return None

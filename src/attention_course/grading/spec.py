@@ -131,3 +131,19 @@ class Exercise:
             if part.name == name:
                 return part
         raise KeyError(f"exercise {self.id!r} has no part {name!r}; its parts are {[p.name for p in self.parts]}")
+
+
+def call_expecting_error(obj: Any, case: Case) -> Any:
+    """Call the learner's object; for a case that demands an error (``"error"`` in ``case.data``), report what
+    it raised or returned as plain data, judged by :func:`~attention_course.grading.compare.value_error_problem`.
+    Other cases are called as usual."""
+    if "error" not in case.data:
+        return call_function(obj, case)
+    args, kwargs = case.fresh_args()
+    try:
+        returned = obj(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # what was raised is the answer here; verify gives the verdict
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"returned": returned}

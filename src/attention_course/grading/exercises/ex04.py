@@ -27,8 +27,9 @@ from attention_course.grading.compare import (
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
+    value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function
 
 PREAMBLE = """\
 import math
@@ -120,43 +121,18 @@ def _projection_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _run_expecting_error(obj: Any, case: Case) -> Any:
-    """Call the learner's function; for a case that must raise, report what was raised as plain data."""
-    if "error" not in case.data:
-        return call_function(obj, case)
-    args, kwargs = case.fresh_args()
-    try:
-        returned = obj(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # what was raised is the answer here; the verdict is given by verify
-        return {"raised": type(exc).__name__, "message": str(exc)}
-    return {"returned": returned}
 
 
-def _error_problem(output: Any, expected_numbers: tuple[int, int], why: str) -> str | None:
-    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
-        return "your output could not be read"
-    if "returned" in output:
-        return f"expected a ValueError because {why}, but your function returned normally"
-    kind, message = output["raised"], str(output.get("message", ""))
-    if kind != "ValueError":
-        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
-    missing = [str(n) for n in expected_numbers if str(n) not in message]
-    if missing:
-        return (f"your ValueError should name the offending sizes ({expected_numbers[0]} and {expected_numbers[1]}); "
-                f"its message is {message[:120]!r}")
-    return None
 
 
 def _verify_projection(case: Case, output: Any) -> str | None:
     X, W_Q, W_K, W_V = case.args
     if case.data.get("error") == "dk":
-        return _error_problem(output, (W_Q.shape[1], W_K.shape[1]),
+        return value_error_problem(output, (W_Q.shape[1], W_K.shape[1]),
                               f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
                               "queries and keys must share d_k")
     if case.data.get("error") == "rows":
-        return _error_problem(output, (X.shape[-1], W_Q.shape[0]),
+        return value_error_problem(output, (X.shape[-1], W_Q.shape[0]),
                               f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows")
     problem = first_problem(
         lambda: None if isinstance(output, (tuple, list)) and len(output) == 3 else
@@ -403,7 +379,7 @@ EXERCISE = Exercise(
                  "ValueError(f'...{a}...{b}...') with both numbers in the message.",
             make_cases=_projection_cases,
             verify=_verify_projection,
-            run=_run_expecting_error,
+            run=call_expecting_error,
         ),
         Part(
             name="split_fused_projection",

@@ -29,8 +29,9 @@ from attention_course.grading.compare import (
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
+    value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function
 from attention_course.multihead import MultiHeadAttention
 
 PREAMBLE = """\
@@ -57,33 +58,8 @@ def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
         torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=1e-4))
 
 
-def _run_expecting_error(obj: Any, case: Case) -> Any:
-    """Call the learner's function; for a case that must raise, report what was raised as plain data."""
-    if "error" not in case.data:
-        return call_function(obj, case)
-    args, kwargs = case.fresh_args()
-    try:
-        returned = obj(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # what was raised is the answer here; verify gives the verdict
-        return {"raised": type(exc).__name__, "message": str(exc)}
-    return {"returned": returned}
 
 
-def _error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str | None:
-    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
-        return "your output could not be read"
-    if "returned" in output:
-        return f"expected a ValueError because {why}, but your function returned normally"
-    kind, message = output["raised"], str(output.get("message", ""))
-    if kind != "ValueError":
-        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
-    missing = [str(n) for n in numbers if str(n) not in message]
-    if missing:
-        return f"your ValueError should name the offending sizes ({', '.join(map(str, numbers))}); " \
-               f"its message is {message[:120]!r}"
-    return None
 
 
 # --- part 1: split heads -------------------------------------------------------------------------------
@@ -107,7 +83,7 @@ def _verify_split(case: Case, output: Any) -> str | None:
     x, h = case.args
     B, L, d = x.shape
     if case.data.get("error"):
-        return _error_problem(output, (d, h), f"d_model = {d} is not divisible by num_heads = {h}")
+        return value_error_problem(output, (d, h), f"d_model = {d} is not divisible by num_heads = {h}")
     expected = _expected_split(x, h)
 
     def diagnosis() -> str | None:
@@ -530,7 +506,7 @@ EXERCISE = Exercise(
                  "first and raise ValueError(f'...{d_model}...{num_heads}...').",
             make_cases=_split_cases,
             verify=_verify_split,
-            run=_run_expecting_error,
+            run=call_expecting_error,
         ),
         Part(
             name="merge_heads",

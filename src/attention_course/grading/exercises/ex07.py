@@ -26,8 +26,9 @@ from attention_course.grading.compare import (
     first_problem,
     fmt,
     tensor_problem,
+    value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error
 from attention_course.positional import sinusoidal_positional_encoding
 
 PREAMBLE = """\
@@ -53,32 +54,8 @@ def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
     return 10000.0 ** (-2 * i / d_model)
 
 
-def _run_expecting_error(obj: Any, case: Case) -> Any:
-    if "error" not in case.data:
-        return call_function(obj, case)
-    args, kwargs = case.fresh_args()
-    try:
-        returned = obj(*args, **kwargs)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # what was raised is the answer here; verify gives the verdict
-        return {"raised": type(exc).__name__, "message": str(exc)}
-    return {"returned": returned}
 
 
-def _error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str | None:
-    if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
-        return "your output could not be read"
-    if "returned" in output:
-        return f"expected a ValueError because {why}, but your function returned normally"
-    kind, message = output["raised"], str(output.get("message", ""))
-    if kind != "ValueError":
-        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
-    missing = [str(n) for n in numbers if str(n) not in message]
-    if missing:
-        return f"your ValueError should name the offending values ({', '.join(map(str, numbers))}); " \
-               f"its message is {message[:120]!r}"
-    return None
 
 
 # --- part 1: the sinusoidal encoding of given positions -----------------------------------------------
@@ -133,7 +110,7 @@ _ENCODING_MESSAGES = {
 def _verify_encoding(case: Case, output: Any) -> str | None:
     positions, d = case.args
     if case.data.get("error"):
-        return _error_problem(output, (d,), f"d_model = {d} is odd, and the features come in sine/cosine pairs")
+        return value_error_problem(output, (d,), f"d_model = {d} is odd, and the features come in sine/cosine pairs")
     expected = _encoding(positions, d)
 
     def diagnosis() -> str | None:
@@ -315,7 +292,7 @@ def _verify_embed(case: Case, output: Any) -> str | None:
     B, L = tokens.shape
     d = weight.shape[1]
     if case.data.get("error"):
-        return _error_problem(output, (L, pe.shape[0]),
+        return value_error_problem(output, (L, pe.shape[0]),
                               f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
     embedded = _f64(weight)[tokens]  # (B, L, d)
     positions = _f64(pe[:L])  # (L, d)
@@ -379,7 +356,7 @@ EXERCISE = Exercise(
                  "pe[:, 1::2] with its cosine. Check d_model % 2 first and raise ValueError naming d_model.",
             make_cases=_encoding_cases,
             verify=_verify_encoding,
-            run=_run_expecting_error,
+            run=call_expecting_error,
         ),
         Part(
             name="offset_similarity",
@@ -413,7 +390,7 @@ EXERCISE = Exercise(
                  "ValueError if L > pe.shape[0], naming both numbers.",
             make_cases=_embed_cases,
             verify=_verify_embed,
-            run=_run_expecting_error,
+            run=call_expecting_error,
         ),
     ),
 )
