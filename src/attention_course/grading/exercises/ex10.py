@@ -325,17 +325,33 @@ class ScriptedTranslator(nn.Module):
     The first source token is the sentence's number ``r``; ``decode`` gives the highest logit to
     ``scripts[r][t]`` at position ``t`` (counting the position after <bos> as 0), and to ``junk`` past the end
     of the script, so that whatever a decoder writes after eos shows up. Called without a causal ``tgt_mask``,
-    it answers :data:`UNMASKED` everywhere, so that a decoder that forgets the mask is caught.
+    it answers :data:`UNMASKED` everywhere, so that a decoder that forgets the mask is caught; with
+    ``memory_pad_id`` it does the same when the source padding mask is missing or wrong.
     """
 
-    def __init__(self, scripts: list[list[int]], vocab_size: int, junk: int) -> None:
+    def __init__(self, scripts: list[list[int]], vocab_size: int, junk: int, memory_pad_id: int | None = None) -> None:
         super().__init__()
         self.scripts = [list(script) for script in scripts]
         self.vocab_size = vocab_size
         self.junk = junk
+        # With a pad id, decode also demands the source padding mask, True = may attend: (src != pad)[:, None, None, :].
+        self.memory_pad_id = memory_pad_id
+        self._source: Tensor | None = None
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        self._source = src
         return src[:, :1, None].to(torch.float64)  # (B, 1, 1): the sentence number
+
+    def _memory_mask_ok(self, mask: Tensor | None) -> bool:
+        if self.memory_pad_id is None:
+            return True
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or self._source is None:
+            return False
+        expected = (self._source != self.memory_pad_id)[:, None, None, :]  # (B, 1, 1, Ls)
+        try:
+            return bool(torch.equal(torch.broadcast_to(mask, expected.shape), expected))
+        except RuntimeError:
+            return False
 
     @staticmethod
     def _is_causal(mask: Tensor | None, length: int) -> bool:
@@ -346,7 +362,7 @@ class ScriptedTranslator(nn.Module):
     def decode(self, tgt: Tensor, memory: Tensor, tgt_mask: Tensor | None = None,
                memory_mask: Tensor | None = None) -> Tensor:
         rows, length = memory[:, 0, 0].long().tolist(), tgt.size(1)
-        if self._is_causal(tgt_mask, length):
+        if self._is_causal(tgt_mask, length) and self._memory_mask_ok(memory_mask):
             wanted = [[self.scripts[r][t] if t < len(self.scripts[r]) else self.junk for t in range(length)]
                       for r in rows]
         else:
@@ -387,6 +403,9 @@ def _greedy_cases(g: torch.Generator) -> list[Case]:
         Case("other special ids: bos 3, eos 4, pad 6", (ScriptedTranslator([[7, 4], [8, 9, 10, 4], [4]], scripted,
                                                                            junk=5), _tokens([[0], [1], [2]]), 9,
                                                         3, 4, 6)),
+        Case("a scripted model with a padded source (pad 6): the source padding mask must reach decode",
+             (ScriptedTranslator([[7, 2], [8, 9, 2]], scripted, junk=5, memory_pad_id=6),
+              _tokens([[0, 4, 6], [1, 4, 4]]), 6, 1, 2, 6)),
         Case("a random Transformer, one unpadded sentence, max_len 6",
              (_random_transformer(g, vocab), sources([5], 0, 5), 6, 1, 2, 0)),
     ]
@@ -409,8 +428,12 @@ def _verify_greedy(case: Case, output: Any) -> str | None:
     if not bool((output[:, 0] == bos_id).all()):
         return f"every row must start with bos_id = {bos_id}, got first column {output[:, 0].tolist()}"
     if isinstance(model, ScriptedTranslator) and bool((output == UNMASKED).any()):
-        return ("pass a causal mask to model.decode as tgt_mask: a (t, t) bool matrix, True on and below the "
-                "diagonal, for a prefix of t tokens")
+        needed = ("pass a causal mask to model.decode as tgt_mask: a (t, t) bool matrix, True on and below the "
+                  "diagonal, for a prefix of t tokens")
+        if model.memory_pad_id is not None:
+            needed += (f", and the source padding mask as memory_mask: (src != pad_id)[:, None, None, :], "
+                       f"here with pad_id = {model.memory_pad_id}")
+        return needed
     if output.size(1) != expected.size(1):
         width = expected.size(1)
         return (f"your tokens have {output.size(1)} columns, expected {width}: bos plus one column per step, and "
