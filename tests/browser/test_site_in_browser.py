@@ -38,12 +38,8 @@ def test_page_loads_cleanly_with_maths_and_images(visit, path):
     )
     for image in images:
         assert image["ok"], f"{path}: image {image['src']} did not load"
-        if image["widget"] and not image["alt"].strip():
-            # Known gap: a widget's saved snapshot drawn with plt.show() has no alt text (ac.show_figure gives
-            # it one, as in chapter 2). Every widget has a static figure with alt text beside it.
-            print(f"{path}: a widget snapshot image has no alt text")
-            continue
-        assert image["alt"].strip(), f"{path}: image {image['src']} has no alt text"
+        where = "a widget's saved output (draw it with ac.show_figure)" if image["widget"] else "the page"
+        assert image["alt"].strip(), f"{path}: image {image['src']} in {where} has no alt text"
     assert_clean(result, path)
 
 
