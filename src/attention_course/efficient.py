@@ -29,7 +29,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from attention_course.attention import scaled_dot_product_attention
+from attention_course.attention import _check_qkv, scaled_dot_product_attention
 from attention_course.layers import DecoderLayer
 from attention_course.masks import padding_mask
 from attention_course.multihead import MultiHeadAttention
@@ -280,31 +280,13 @@ def tiled_attention_step(
 
 
 def _check_tiled_inputs(query: Tensor, key: Tensor, value: Tensor, block_size: int, causal: bool) -> None:
+    # Shapes are checked exactly as scaled_dot_product_attention checks them; tiling adds dtype rules.
+    _check_qkv(query, key, value)
     for name, tensor in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if not tensor.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
-        if tensor.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(tensor.shape)}")
     if not query.dtype == key.dtype == value.dtype:
         raise TypeError(f"query, key and value must share one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must have the same feature size d_k, got query {tuple(query.shape)} and key "
-            f"{tuple(key.shape)}"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length, got key {tuple(key.shape)} and value {tuple(value.shape)}"
-        )
-    try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch) dimensions of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-            f"{tuple(value.shape)} do not broadcast together"
-        ) from None
     _check_positive_int("block_size", block_size)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")

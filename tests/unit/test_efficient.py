@@ -246,10 +246,10 @@ def test_tiled_attention_rejects_bad_arguments(kwargs, error, fragment):
 @pytest.mark.parametrize(
     ("shapes", "fragment"),
     [
-        (((2, 5, 8), (2, 6, 4), (2, 6, 8)), r"query \(2, 5, 8\) and key \(2, 6, 4\)"),
-        (((2, 5, 8), (2, 6, 8), (2, 7, 8)), r"key \(2, 6, 8\) and value \(2, 7, 8\)"),
+        (((2, 5, 8), (2, 6, 4), (2, 6, 8)), r"query \(2, 5, 8\) \(d_k=8\) and key \(2, 6, 4\) \(d_k=4\)"),
+        (((2, 5, 8), (2, 6, 8), (2, 7, 8)), r"key \(2, 6, 8\) \(Lk=6\) and value \(2, 7, 8\) \(Lk=7\)"),
         (((2, 5, 8), (3, 6, 8), (3, 6, 8)), "do not broadcast"),
-        (((8,), (6, 8), (6, 8)), r"query must have shape \(\.\.\., length, features\), got \(8,\)"),
+        (((8,), (6, 8), (6, 8)), r"query must have at least 2 dimensions \(\.\.\., length, features\), got shape \(8,\)"),
     ],
 )
 def test_tiled_attention_rejects_mismatched_shapes(shapes, fragment):
