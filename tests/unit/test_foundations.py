@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 
 import matplotlib
 import numpy as np
@@ -26,6 +29,33 @@ def test_seed_everything_makes_python_numpy_and_torch_repeatable():
     assert draw_all_generators() == first
     ac.seed_everything(124)
     assert draw_all_generators() != first
+
+
+def test_seed_everything_asks_for_deterministic_kernels_without_loading_the_compiler():
+    """The flag is set, in warn-only mode, and seeding a fresh process does not import torch's compiler (~2 s)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        ac.seed_everything(0)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert modules_loaded_by("ac.seed_everything(0)", "torch._inductor.config") == [False]
+
+
+def modules_loaded_by(statement: str, *modules: str) -> list[bool]:
+    """In a fresh interpreter: import the course, run ``statement``, report which of ``modules`` got imported."""
+    code = (f"import json, sys, attention_course as ac; {statement}; "
+            f"print(json.dumps([m in sys.modules for m in {list(modules)!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_importing_the_course_leaves_matplotlib_unloaded_until_a_plot_is_drawn():
+    """Graded exercises import the course but draw nothing; they should not pay for matplotlib's start-up."""
+    assert modules_loaded_by("pass", "matplotlib.pyplot") == [False]
+    assert modules_loaded_by("ac.use_course_style()", "matplotlib.pyplot") == [True]
 
 
 def test_seed_everything_returns_a_seeded_generator():
