@@ -40,15 +40,24 @@ __all__ = [
     "notebook_exercise",
 ]
 
+#: The key of the notebook and cell metadata the grader reads (``{"grading": {"exercise": ...}}``).
 METADATA_KEY = "grading"
+#: The tag of a cell where the learner writes a part's function; the grader runs only these and the preamble.
 TAG_GRADED = "graded"
+#: The tag of a cell that calls ``check.<part>(...)``; a part whose check cell was edited or deleted scores 0.
 TAG_CHECK = "check"
+#: The tag of the exercise's import cell, whose source must equal the exercise module's ``preamble``.
 TAG_PREAMBLE = "preamble"
+#: The tag of a cell that only the solution notebook has; generation drops it from the learner notebook.
 TAG_SOLUTION_ONLY = "solution-only"
+#: The tag that collapses a cell's code on the website; generation drops it for learners.
 TAG_HIDE_INPUT = "hide-input"
 
+#: The line that opens a solution block in a graded cell.
 BEGIN_SOLUTION = "### BEGIN SOLUTION"
+#: The line that closes a solution block.
 END_SOLUTION = "### END SOLUTION"
+#: The line inside a solution block after which the learner's (commented-out) buggy starting code follows.
 BUGGY = "### BUGGY"
 #: The two lines that replace a solution block without a BUGGY starting code in the learner notebook.
 STUB = ("# YOUR CODE HERE", 'raise NotImplementedError("replace this line with your code")')

@@ -66,18 +66,26 @@ __all__ = [
     "make_review_splits",
 ]
 
-PAD, CLS, UNK = "<pad>", "<cls>", "<unk>"
+#: The padding token, which fills reviews up to the batch's length; masked out of attention and pooling.
+PAD = "<pad>"
+#: Classification token, put first in every review; its final state can stand for the whole review.
+CLS = "<cls>"
+#: Stands for any word outside the vocabulary.
+UNK = "<unk>"
 
 POSITIVE = ("good", "great", "fun", "clever", "moving", "superb", "lovely", "gripping")
 NEGATIVE = ("bad", "dull", "awful", "boring", "weak", "clumsy", "tedious", "bland")
 #: adjective -> polarity (1 = positive, 0 = negative)
 ADJECTIVES: dict[str, int] = {**{word: 1 for word in POSITIVE}, **{word: 0 for word in NEGATIVE}}
+#: Words that flip the polarity of the adjective they precede ("not good" is negative).
 NEGATIONS = ("not", "never")
+#: Words that strengthen an adjective without changing its polarity.
 INTENSIFIERS = ("very", "really", "truly", "quite", "so")
 SUBJECTS = (
     "the plot", "the acting", "the music", "the ending", "the film", "the cast", "the story", "the dialogue",
     "the pacing", "the script",
 )
+#: Linking verbs between a review's subject and its adjective.
 VERBS = ("was", "is", "felt", "seemed")
 OPENERS = ("honestly", "overall", "in the end", "to be fair", "not surprisingly", "i think", "sadly enough")
 CODAS = ("at times", "for me", "in places", "to be honest", "on the whole", "by the end")

@@ -18,7 +18,13 @@ from torch import Tensor
 
 __all__ = ["BOS", "EOS", "PAD", "NUM_SPECIAL", "SequenceTask", "decode", "make_sequence_task"]
 
-PAD, BOS, EOS = 0, 1, 2
+#: The padding id, which fills sequences up to the batch's length; the loss ignores it.
+PAD = 0
+#: The beginning-of-sequence id, the decoder's first input.
+BOS = 1
+#: The end-of-sequence id, the decoder's last output; generation stops there.
+EOS = 2
+#: Number of special ids (:data:`PAD`, :data:`BOS`, :data:`EOS`); digit ``d`` has id ``d + NUM_SPECIAL``.
 NUM_SPECIAL = 3
 TASKS = ("copy", "reverse")
 

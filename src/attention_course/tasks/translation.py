@@ -70,19 +70,26 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 # The lexicon. Nouns: English -> (French, gender). Adjectives: English -> (masculine, feminine).
 # ----------------------------------------------------------------------------------------------------------
+#: Animal nouns, English -> (French, gender). Animals are the subject of every sentence, and one of the two
+#: nouns "it" can mean.
 ANIMALS: dict[str, tuple[str, str]] = {
     "cat": ("chat", "m"), "dog": ("chien", "m"), "horse": ("cheval", "m"), "wolf": ("loup", "m"),
     "mouse": ("souris", "f"), "cow": ("vache", "f"), "goat": ("chèvre", "f"), "hen": ("poule", "f"),
 }
+#: Food nouns, English -> (French, gender). Foods are only ever objects, never a subject and never "it".
 FOODS: dict[str, tuple[str, str]] = {
     "cheese": ("fromage", "m"), "bread": ("pain", "m"), "apple": ("pomme", "f"), "carrot": ("carotte", "f"),
 }
+#: Place nouns, English -> (French, gender). A place is what the animal "did not cross" in a pronoun
+#: sentence, the other noun "it" can mean; places are also objects of the verbs that take any noun.
 PLACES: dict[str, tuple[str, str]] = {
     "bridge": ("pont", "m"), "field": ("champ", "m"), "canal": ("canal", "m"),
     "street": ("rue", "f"), "river": ("rivière", "f"), "road": ("route", "f"),
 }
+#: Every noun of the language, :data:`ANIMALS`, :data:`FOODS` and :data:`PLACES` together.
 NOUNS: dict[str, tuple[str, str]] = {**ANIMALS, **FOODS, **PLACES}
 
+#: Colour adjectives, English -> (masculine, feminine) French forms; in French they follow the noun.
 COLOURS: dict[str, tuple[str, str]] = {
     "black": ("noir", "noire"), "white": ("blanc", "blanche"), "green": ("vert", "verte"),
     "grey": ("gris", "grise"), "brown": ("brun", "brune"), "blue": ("bleu", "bleue"),
@@ -96,9 +103,11 @@ PLACE_PREDICATES: dict[str, tuple[str, str]] = {
     "wide": ("large", "large"), "deep": ("profond", "profonde"), "long": ("long", "longue"),
     "dangerous": ("dangereux", "dangereuse"),
 }
+#: Predicate adjectives of the pronoun sentences ("it was too tired"), English -> (masculine, feminine);
+#: the adjective decides whether "it" is the animal or the place, and so "il" or "elle".
 PREDICATES: dict[str, tuple[str, str]] = {**ANIMAL_PREDICATES, **PLACE_PREDICATES}
 
-# Verbs: English simple past -> (French past participle, the nouns it takes as objects).
+#: The verbs, English simple past -> (French past participle, the nouns it takes as objects).
 VERBS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ate": ("mangé", tuple(FOODS)),
     "chased": ("chassé", tuple(ANIMALS)),
