@@ -64,9 +64,10 @@ def internal_links(page: Path) -> list[tuple[str, Path, str]]:
     return links
 
 
-def anchors_in(page: Path) -> set[str]:
+@cache  # the API page alone links to its own anchors thousands of times
+def anchors_in(page: Path) -> frozenset[str]:
     document = soup(page)
-    return {tag["id"] for tag in document.find_all(id=True)} | {
+    return frozenset(tag["id"] for tag in document.find_all(id=True)) | {
         tag["name"] for tag in document.find_all("a", attrs={"name": True})
     }
 

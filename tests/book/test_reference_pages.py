@@ -78,9 +78,10 @@ CHAPTER_FILE = re.compile(r"\d\d_[a-z0-9_]+\.html")
 # --- the library reference -----------------------------------------------------------------------------------
 
 
-def documented_ids() -> set[str]:
+@cache
+def documented_ids() -> frozenset[str]:
     """Anchors of the object descriptions autodoc wrote: ``<dt class="sig sig-object py" id="...">``."""
-    return {dt["id"] for dt in main_content(API_PAGE).select("dt.sig-object[id]")}
+    return frozenset(dt["id"] for dt in main_content(API_PAGE).select("dt.sig-object[id]"))
 
 
 def module_ids() -> set[str]:

@@ -95,13 +95,16 @@ def test_each_notebook_runs_within_its_budget(entry):
     )
 
 
-def test_all_lessons_run_within_the_book_budget():
-    """The lessons together stay within six minutes. The exercise solutions are reported, not budgeted: each
-    costs about 8 s, nearly all of it a fresh kernel importing torch, and with them the book is over budget."""
+def test_the_whole_book_runs_within_its_budget():
+    """Every executed page together, lessons and exercise solutions, stays within six minutes on 2 cores."""
     executed = runtimes()
     lessons = sum(seconds for entry, seconds in executed.items() if entry.startswith("chapters/"))
-    print(f"lessons: {lessons:.1f} s; whole book with exercise solutions: {sum(executed.values()):.1f} s")
-    assert lessons <= BOOK_BUDGET_SECONDS, f"the lessons took {lessons:.1f} s to execute, over {BOOK_BUDGET_SECONDS:.0f} s"
+    total = sum(executed.values())
+    print(f"whole book: {total:.1f} s ({lessons:.1f} s of lessons, {total - lessons:.1f} s of exercise solutions)")
+    assert total <= BOOK_BUDGET_SECONDS, (
+        f"the book took {total:.1f} s to execute, over the {BOOK_BUDGET_SECONDS:.0f} s budget "
+        f"({lessons:.1f} s of it in the lessons)"
+    )
 
 
 def test_chapter_02_has_widget_and_static_figure():
