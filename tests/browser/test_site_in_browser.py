@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.book.site import HTML, toc_entries
+from tests.book.site import HTML, soup, toc_entries
 from tests.browser.conftest import SCREENSHOTS
 
 pytestmark = pytest.mark.browser
 
 PAGES = [f"{entry}.html" for entry in toc_entries()] + ["search.html", "genindex.html"]
 LESSON = "chapters/02_hard_and_soft_attention.html"
+WIDGET_VIEW = 'script[type="application/vnd.jupyter.widget-view+json"]'
+WIDGET_PAGES = [path for path in PAGES if soup(HTML / path).select(WIDGET_VIEW)]
+# Widget callbacks draw through ac.show_figure with alt text of this form, naming the static figure beside them.
+SNAPSHOT_PREFIX = "The static figure beside it shows: "
 
 
 def assert_clean(visit_result, path):
@@ -69,6 +73,47 @@ def test_widget_renders_next_to_its_static_figure(visit):
     assert page.locator("text=beta").count() > 0
     assert page.locator("main img[alt*='heatmaps']").count() >= 1, "the static small-multiples figure is missing"
     assert_clean(result, LESSON)
+
+
+@pytest.mark.parametrize("path", WIDGET_PAGES)
+def test_every_widget_renders_with_a_control_and_a_described_snapshot(visit, path):
+    """Each saved widget is drawn by the widget manager; each interactive figure has a control, a loaded
+    snapshot image with alt text and, on the page outside any widget, the static figure its alt text names."""
+    result = visit(path)
+    page = result.page
+    page.wait_for_function(
+        f"""() => Array.from(document.querySelectorAll('{WIDGET_VIEW}'))
+                .every(view => view.parentElement.querySelector('.jupyter-widgets') !== null)""",
+        timeout=20_000,
+    )
+    interactive = page.eval_on_selector_all(
+        "main .widget-interact",
+        """boxes => boxes.map(box => ({
+            controls: box.querySelectorAll('.widget-slider, .widget-dropdown, .widget-toggle-buttons, '
+                                           + '.widget-checkbox, .widget-select, .widget-radio-box').length,
+            images: Array.from(box.querySelectorAll('img')).map(i => ({
+                alt: i.alt, ok: i.complete && i.naturalWidth > 0})),
+        }))""",
+    )
+    assert interactive, f"{path}: the saved widgets hold no interactive figure"
+    static_alts = set(page.eval_on_selector_all(
+        "main img", "imgs => imgs.filter(i => i.closest('.jupyter-widgets') === null).map(i => i.alt)"))
+    for number, widget in enumerate(interactive, start=1):
+        assert widget["controls"], f"{path}: interactive figure {number} has no control"
+        assert widget["images"], f"{path}: interactive figure {number} shows no snapshot"
+        for image in widget["images"]:
+            assert image["ok"], f"{path}: the snapshot of interactive figure {number} did not load"
+            assert image["alt"].strip(), f"{path}: the snapshot of interactive figure {number} has no alt text"
+            if path == LESSON:
+                continue  # its snapshot names its own beta; test_widget_renders_next_to_its_static_figure covers it
+            assert SNAPSHOT_PREFIX in image["alt"], (
+                f"{path}: the alt text of interactive figure {number} does not name its static figure"
+            )
+            named = image["alt"].split(SNAPSHOT_PREFIX, 1)[1]
+            assert named in static_alts, (
+                f"{path}: interactive figure {number} names a static figure that is not on the page: {named[:80]}"
+            )
+    assert_clean(result, path)
 
 
 def test_search_finds_a_term_from_a_lesson(visit):
