@@ -115,6 +115,15 @@ def test_plot_attention_labels_queries_on_rows_and_keys_on_columns():
     assert len(ax.texts) == 12 and ax.texts[0].get_text() == f"{weights[0, 0]:.2f}"
 
 
+def test_plot_attention_slants_long_key_labels_only():
+    """Word labels on the columns would overlap, so they are turned 45 degrees; short ones stay level."""
+    words = ac.plot_attention(torch.rand(2, 3), None, ["black", "cat", "sleeps"])
+    assert {label.get_rotation() for label in words.get_xticklabels()} == {45.0}
+    assert {label.get_horizontalalignment() for label in words.get_xticklabels()} == {"right"}
+    digits = ac.plot_attention(torch.rand(2, 3), None, ["1", "2", "3"])
+    assert {label.get_rotation() for label in digits.get_xticklabels()} == {0.0}
+
+
 def test_plot_attention_rejects_mismatched_labels_unsafe_maps_and_batches():
     with pytest.raises(ValueError, match=r"got 2 labels for 3 queries \(rows\)"):
         ac.plot_attention(torch.rand(3, 3), ["a", "b"], None)
