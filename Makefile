@@ -38,7 +38,7 @@ lint: $(STAMP)
 
 # Fast feedback while writing: lint, library and structure tests, no notebook execution.
 test-fast: lint
-	$(BIN)/pytest -q tests/unit tests/notebooks/test_structure.py
+	$(BIN)/pytest -q tests/unit tests/notebooks/test_structure.py tests/notebooks/test_publishing.py
 
 # Debian's Chromium drives the browser tests (no browser download works here); npm supplies local copies of the
 # CDN assets the site loads (MathJax, RequireJS, the widget manager), since CI has no internet.

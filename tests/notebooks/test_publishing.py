@@ -40,3 +40,20 @@ def test_readme_shows_the_site_with_a_committed_screenshot():
     for alt, path in images:
         assert alt.strip(), f"README image {path} has no alt text"
         assert (ROOT / path).stat().st_size > 20_000, f"README image {path} is missing or empty"
+
+
+def test_readme_badges_show_this_repository_build_and_open_a_lesson_in_colab(repository_url):
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    badges = dict((image, link) for image, link in re.findall(r"\[!\[[^\]]+\]\(([^)]+)\)\]\(([^)]+)\)", readme))
+    workflow = f"{repository_url}/actions/workflows/book.yml"
+    assert badges.get(f"{workflow}/badge.svg?branch=main") == workflow, (
+        f"the README has no build badge for {workflow}; its badges are {badges}"
+    )
+    assert (ROOT / ".github" / "workflows" / "book.yml").exists()
+    colab = [link for image, link in badges.items() if image.endswith("colab-badge.svg")]
+    github_path = repository_url.removeprefix("https://github.com/")
+    prefix = f"https://colab.research.google.com/github/{github_path}/blob/main/"
+    assert len(colab) == 1 and colab[0].startswith(prefix), f"the Colab badge must open a notebook under {prefix}"
+    assert (ROOT / colab[0].removeprefix(prefix)).exists(), f"the Colab badge opens a missing notebook: {colab[0]}"
