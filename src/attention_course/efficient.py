@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from attention_course.attention import _check_qkv, scaled_dot_product_attention
+from attention_course.decoding import _check_common, _source_mask
 from attention_course.layers import DecoderLayer
-from attention_course.masks import padding_mask
 from attention_course.multihead import MultiHeadAttention
 from attention_course.transformer import Transformer
 
@@ -583,17 +583,8 @@ def cached_greedy_decode(
         ``(B, T)`` token ids with ``T <= max_len + 1``, each row starting with ``bos_id``; decoding stops
         when every sequence has produced eos.
     """
-    if not isinstance(src, Tensor) or src.dim() != 2:
-        shape = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
-        raise ValueError(f"src must be a (batch, length) tensor of token ids, got {shape}")
-    if src.is_floating_point() or src.dtype == torch.bool:
-        raise TypeError(f"src must hold integer token ids, got dtype {src.dtype}")
-    _check_positive_int("max_len", max_len)
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    if src_mask is None and pad_id is not None:
-        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, Ls)
+    _check_common(src, max_len, bos_id, eos_id)  # the same argument checks as greedy_decode
+    src_mask = _source_mask(src, pad_id, src_mask)  # (B, 1, 1, Ls) from pad_id, unless one is given
     fill = eos_id if pad_id is None else pad_id
     memory = model.encode(src, src_mask)  # (B, Ls, d_model), computed once
     cache = DecodingCache(model, memory, src_mask)  # cross-attention keys/values, projected once

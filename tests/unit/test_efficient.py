@@ -4,6 +4,7 @@ KV cache and cached greedy decoding."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -364,7 +365,14 @@ def test_cached_greedy_decode_rejects_bad_input():
     model = _model(False)
     with pytest.raises(ValueError, match=r"src must be a \(batch, length\) tensor"):
         cached_greedy_decode(model, torch.zeros(5, dtype=torch.long), 4, 1, 2)
-    with pytest.raises(ValueError, match="max_len must be at least 1"):
+    with pytest.raises(ValueError, match="max_len must be a positive int, got 0"):
         cached_greedy_decode(model, torch.zeros(1, 5, dtype=torch.long), 0, 1, 2)
+    # Bad arguments are refused exactly as greedy_decode refuses them.
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    for args in [(ids.float(), 4, 1, 2), (ids, 4, -1, 2), (ids, 4, 1, True), (ids, 2.5, 1, 2)]:
+        with pytest.raises((TypeError, ValueError)) as uncached:
+            greedy_decode(model, *args)
+        with pytest.raises(uncached.type, match=f"^{re.escape(str(uncached.value))}$"):
+            cached_greedy_decode(model, *args)
     with pytest.raises(TypeError, match="must be an attention_course.Transformer"):
         DecodingCache(torch.nn.Linear(2, 2), torch.zeros(1, 3, 32))
