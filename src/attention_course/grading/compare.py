@@ -15,6 +15,8 @@ import torch
 from attention_course.grading.wire import describe
 
 __all__ = [
+    "f64",
+    "close_f64",
     "first_problem",
     "fmt",
     "fmt_shape",
@@ -28,6 +30,17 @@ __all__ = [
 ]
 
 Problem = str | None
+
+
+def f64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached and in float64, so that references and comparisons do not lose precision."""
+    return t.detach().to(torch.float64)
+
+
+def close_f64(actual: Any, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
+    """True when ``actual`` is a tensor of ``expected``'s shape (no broadcasting) and close to it in float64."""
+    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape
+            and bool(torch.allclose(f64(actual), f64(expected), atol=atol, rtol=rtol)))
 
 
 def fmt(x: float) -> str:

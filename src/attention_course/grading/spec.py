@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "Part", "Exercise", "call_function"]
+__all__ = ["Case", "Part", "Exercise", "call_function", "randn"]
 
 
 @dataclass
@@ -51,6 +51,11 @@ class Case:
         """Deep copies of ``args`` and ``kwargs``, so that a function that edits its inputs in place cannot
         change the inputs ``verify`` later computes the reference from."""
         return copy.deepcopy(self.args), copy.deepcopy(self.kwargs)
+
+
+def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A case input: standard normal numbers of ``shape`` drawn from ``g``, times ``scale``."""
+    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 
 def call_function(obj: Callable[..., Any], case: Case) -> Any:

@@ -25,7 +25,7 @@ from attention_course.grading.compare import (
     rows_sum_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -36,13 +36,10 @@ from torch import nn
 """
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=g) * scale
-
 
 def _projection(g: torch.Generator, d_model: int) -> torch.Tensor:
     """A (d_model, d_model) weight in row convention (x @ w), scaled to keep activations near unit size."""
-    return _randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model))
+    return randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model))
 
 
 def _torch_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w_q: torch.Tensor,
@@ -59,9 +56,9 @@ def _torch_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w_q:
 
 
 def _mha_case(g: torch.Generator, name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
-    query = _randn(g, batch, len_q, d_model)
-    key = _randn(g, batch, len_k, d_model)
-    value = _randn(g, batch, len_k, d_model)
+    query = randn(g, batch, len_q, d_model)
+    key = randn(g, batch, len_k, d_model)
+    value = randn(g, batch, len_k, d_model)
     weights = tuple(_projection(g, d_model) for _ in range(4))
     return Case(name, (query, key, value, *weights, heads))
 
@@ -89,7 +86,7 @@ def _verify_against_mha(case: Case, output: Any) -> str | None:
 # --- 2: heads mixed by an einsum on permuted tensors (errata 2.4) -------------------------------------
 def _head_weight_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
-        return Case(name, (_randn(g, batch, len_q, d_model), _randn(g, batch, len_k, d_model), heads))
+        return Case(name, (randn(g, batch, len_q, d_model), randn(g, batch, len_k, d_model), heads))
 
     return [
         case("Lq = Lk = 5, d_model 16, 4 heads", 2, 5, 5, 16, 4),
@@ -117,7 +114,7 @@ def _verify_head_weights(case: Case, output: Any) -> str | None:
 # --- 3: scaled by √d_model instead of √d_head (errata 2.6) -------------------------------------------
 def _self_mha_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
-        x = _randn(g, batch, length, d_model, scale=2.0)
+        x = randn(g, batch, length, d_model, scale=2.0)
         return Case(name, (x, *(_projection(g, d_model) for _ in range(4)), heads))
 
     return [
@@ -136,7 +133,7 @@ def _verify_self_mha(case: Case, output: Any) -> str | None:
 def _masked_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, mask: torch.Tensor, batch: int = 2, d: int = 4, d_v: int = 3) -> Case:
         len_q, len_k = mask.shape[-2:]
-        return Case(name, (_randn(g, batch, len_q, d), _randn(g, batch, len_k, d), _randn(g, batch, len_k, d_v),
+        return Case(name, (randn(g, batch, len_q, d), randn(g, batch, len_k, d), randn(g, batch, len_k, d_v),
                            mask))
 
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
@@ -203,7 +200,7 @@ def _verify_masked(case: Case, output: Any) -> str | None:
 # --- 5: summing v_i instead of v_j (errata 3.7) --------------------------------------------------------
 def _loop_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, len_q: int, len_k: int, d: int, d_v: int) -> Case:
-        return Case(name, (_randn(g, len_q, d), _randn(g, len_k, d), _randn(g, len_k, d_v)))
+        return Case(name, (randn(g, len_q, d), randn(g, len_k, d), randn(g, len_k, d_v)))
 
     return [
         case("self-attention shapes: Lq = Lk = 4, d = 3", 4, 4, 3, 3),
@@ -235,13 +232,13 @@ def _verify_loops(case: Case, output: Any) -> str | None:
 def _layer_norm_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, x: torch.Tensor, eps: float = 1e-5) -> Case:
         d = x.shape[-1]
-        return Case(name, (x, 1.0 + _randn(g, d, scale=0.1), _randn(g, d, scale=0.1)), {"eps": eps})
+        return Case(name, (x, 1.0 + randn(g, d, scale=0.1), randn(g, d, scale=0.1)), {"eps": eps})
 
     return [
-        case("inputs with std about 1, shape (4, 8)", _randn(g, 4, 8)),
-        case("inputs with std about 1e-2, shape (2, 3, 16)", 5.0 + _randn(g, 2, 3, 16, scale=1e-2)),
-        case("inputs with std about 1e-3, shape (3, 32)", _randn(g, 3, 32, scale=1e-3)),
-        case("eps = 0.1, shape (2, 6)", _randn(g, 2, 6, scale=0.5), eps=0.1),
+        case("inputs with std about 1, shape (4, 8)", randn(g, 4, 8)),
+        case("inputs with std about 1e-2, shape (2, 3, 16)", 5.0 + randn(g, 2, 3, 16, scale=1e-2)),
+        case("inputs with std about 1e-3, shape (3, 32)", randn(g, 3, 32, scale=1e-3)),
+        case("eps = 0.1, shape (2, 6)", randn(g, 2, 6, scale=0.5), eps=0.1),
     ]
 
 
@@ -311,9 +308,9 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
 # --- 8: residual taken from the projected tensor (errata 0.14) ----------------------------------------
 def _sublayer_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
-        x = _randn(g, batch, length, d_model)
+        x = randn(g, batch, length, d_model)
         weights = tuple(_projection(g, d_model) for _ in range(4))
-        return Case(name, (x, *weights, heads, 1.0 + _randn(g, d_model, scale=0.1), _randn(g, d_model, scale=0.1)))
+        return Case(name, (x, *weights, heads, 1.0 + randn(g, d_model, scale=0.1), randn(g, d_model, scale=0.1)))
 
     return [
         case("batch 2, L = 5, d_model 16, 4 heads", 2, 5, 16, 4),
@@ -339,7 +336,7 @@ def _causal_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d: int, cut: int | None = None) -> Case:
         data = {} if cut is None else {"cut": cut}
         weights = tuple(_projection(g, d) for _ in range(3))
-        return Case(name, (_randn(g, batch, length, d), *weights), data=data)
+        return Case(name, (randn(g, batch, length, d), *weights), data=data)
 
     return [
         case("no causal leakage: tokens from position 3 on are changed", 2, 6, 8, cut=3),

@@ -26,7 +26,7 @@ from attention_course.grading.compare import (
     scalar_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -35,9 +35,6 @@ import torch
 import torch.nn.functional as F
 """
 
-
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -50,18 +47,18 @@ def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
 
 # --- part 1: hard attention weights --------------------------------------------------------------------
 def _hard_cases(g: torch.Generator) -> list[Case]:
-    ties = _randn(g, 4, 6)
+    ties = randn(g, 4, 6)
     for row in range(4):  # two equal maxima per row, at random keys i < j: the first one must win
         i, j = sorted(torch.randperm(6, generator=g)[:2].tolist())
         ties[row, i] = ties[row, j] = ties[row].max() + 1.0
     return [
-        Case("a vector of 6 scores", (_randn(g, 6),)),
-        Case("scores of shape (4, 7): one row per query", (_randn(g, 4, 7),)),
-        Case("scores of shape (2, 3, 5): any leading dimensions", (_randn(g, 2, 3, 5),)),
+        Case("a vector of 6 scores", (randn(g, 6),)),
+        Case("scores of shape (4, 7): one row per query", (randn(g, 4, 7),)),
+        Case("scores of shape (2, 3, 5): any leading dimensions", (randn(g, 2, 3, 5),)),
         Case("ties: two equal highest scores in a row (the first one wins)", (ties,)),
-        Case("all scores negative", (-_randn(g, 3, 5).abs() - 1.0,)),
-        Case("large scores (about 1e4)", (_randn(g, 3, 6, scale=1e4),)),
-        Case("a single key per row, shape (3, 1)", (_randn(g, 3, 1),)),
+        Case("all scores negative", (-randn(g, 3, 5).abs() - 1.0,)),
+        Case("large scores (about 1e4)", (randn(g, 3, 6, scale=1e4),)),
+        Case("a single key per row, shape (3, 1)", (randn(g, 3, 1),)),
     ]
 
 
@@ -94,15 +91,15 @@ def _verify_hard(case: Case, output: Any) -> str | None:
 # --- part 2: soft attention weights --------------------------------------------------------------------
 def _soft_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("scores (5, 8), beta = 1", (_randn(g, 5, 8),), {"beta": 1.0}),
-        Case("scores (2, 3, 6), beta = 2.5", (_randn(g, 2, 3, 6),), {"beta": 2.5}),
-        Case("a vector of 7 scores, beta = 0.5", (_randn(g, 7),), {"beta": 0.5}),
-        Case("beta = 0 gives uniform weights", (_randn(g, 4, 5),), {"beta": 0.0}),
-        Case("beta = 50 is close to hard attention", (_randn(g, 4, 6, scale=3.0),), {"beta": 50.0},
+        Case("scores (5, 8), beta = 1", (randn(g, 5, 8),), {"beta": 1.0}),
+        Case("scores (2, 3, 6), beta = 2.5", (randn(g, 2, 3, 6),), {"beta": 2.5}),
+        Case("a vector of 7 scores, beta = 0.5", (randn(g, 7),), {"beta": 0.5}),
+        Case("beta = 0 gives uniform weights", (randn(g, 4, 5),), {"beta": 0.0}),
+        Case("beta = 50 is close to hard attention", (randn(g, 4, 6, scale=3.0),), {"beta": 50.0},
              {"stability": True}),
-        Case("scores around +1e4 (overflow test)", (1e4 + _randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
-        Case("scores around -1e4 (underflow test)", (-1e4 + _randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
-        Case("float64 scores keep their dtype", (_randn(g, 3, 4, dtype=torch.float64),), {"beta": 1.5}),
+        Case("scores around +1e4 (overflow test)", (1e4 + randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
+        Case("scores around -1e4 (underflow test)", (-1e4 + randn(g, 3, 5),), {"beta": 1.0}, {"stability": True}),
+        Case("float64 scores keep their dtype", (randn(g, 3, 4, dtype=torch.float64),), {"beta": 1.5}),
     ]
 
 
@@ -129,16 +126,16 @@ def _verify_soft(case: Case, output: Any) -> str | None:
 # --- part 3: attention pooling -------------------------------------------------------------------------
 def _pooling_cases(g: torch.Generator) -> list[Case]:
     def soft(*shape: int) -> torch.Tensor:
-        return torch.softmax(_randn(g, *shape), dim=-1)
+        return torch.softmax(randn(g, *shape), dim=-1)
 
     one_hot_keys = torch.tensor([3, 0, 4])
     one_hot = torch.nn.functional.one_hot(one_hot_keys, 5).to(torch.float32)
     return [
-        Case("X (5, 3) and one query's weights (1, 5)", (_randn(g, 5, 3), soft(1, 5))),
-        Case("X (6, 4) and weights (3, 6)", (_randn(g, 6, 4), soft(3, 6))),
-        Case("a batch: X (2, 5, 3) and weights (2, 4, 5)", (_randn(g, 2, 5, 3), soft(2, 4, 5))),
-        Case("one-hot weights pick rows of X", (_randn(g, 5, 2), one_hot), data={"picks": one_hot_keys}),
-        Case("uniform weights give the mean of the rows", (_randn(g, 4, 3), torch.full((2, 4), 0.25)),
+        Case("X (5, 3) and one query's weights (1, 5)", (randn(g, 5, 3), soft(1, 5))),
+        Case("X (6, 4) and weights (3, 6)", (randn(g, 6, 4), soft(3, 6))),
+        Case("a batch: X (2, 5, 3) and weights (2, 4, 5)", (randn(g, 2, 5, 3), soft(2, 4, 5))),
+        Case("one-hot weights pick rows of X", (randn(g, 5, 2), one_hot), data={"picks": one_hot_keys}),
+        Case("uniform weights give the mean of the rows", (randn(g, 4, 3), torch.full((2, 4), 0.25)),
              data={"mean": True}),
     ]
 
@@ -169,14 +166,14 @@ def _verify_pooling(case: Case, output: Any) -> str | None:
 
 # --- part 4: self-attention without projections --------------------------------------------------------
 def _self_attention_cases(g: torch.Generator) -> list[Case]:
-    permuted = _randn(g, 5, 3)
+    permuted = randn(g, 5, 3)
     return [
-        Case("X (4, 3), beta = 1", (_randn(g, 4, 3),), {"beta": 1.0}),
-        Case("a batch: X (2, 5, 4), beta = 0.5", (_randn(g, 2, 5, 4),), {"beta": 0.5}),
-        Case("beta = 0: every output row is the mean of X", (_randn(g, 6, 2),), {"beta": 0.0}),
-        Case("large inputs: |x| about 100, scores about 1e4", (_randn(g, 4, 3, scale=100.0),), {"beta": 1.0},
+        Case("X (4, 3), beta = 1", (randn(g, 4, 3),), {"beta": 1.0}),
+        Case("a batch: X (2, 5, 4), beta = 0.5", (randn(g, 2, 5, 4),), {"beta": 0.5}),
+        Case("beta = 0: every output row is the mean of X", (randn(g, 6, 2),), {"beta": 0.0}),
+        Case("large inputs: |x| about 100, scores about 1e4", (randn(g, 4, 3, scale=100.0),), {"beta": 1.0},
              {"stability": True}),
-        Case("a single token, X (1, 5)", (_randn(g, 1, 5),), {"beta": 1.0}),
+        Case("a single token, X (1, 5)", (randn(g, 1, 5),), {"beta": 1.0}),
         Case("permuting the rows of X permutes the output", (permuted,), {"beta": 1.0},
              {"perm": _permutation(g, 5)}),
     ]
@@ -265,15 +262,15 @@ def _add_positions(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
 
 def _equivariance_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, f: Any, t: int, d: int) -> Case:
-        return Case(name, (f, _randn(g, t, d), _permutation(g, t)))
+        return Case(name, (f, randn(g, t, d), _permutation(g, t)))
 
     return [
         case("f = self-attention (equivariant)", _self_attention_map, 5, 3),
-        case("f = the same map on every row (equivariant)", functools.partial(_row_wise_map, W=_randn(g, 4, 2)), 6, 4),
+        case("f = the same map on every row (equivariant)", functools.partial(_row_wise_map, W=randn(g, 4, 2)), 6, 4),
         case("f = subtract the mean row (equivariant)", _centre_rows, 4, 3),
         case("f = running sum over positions (not equivariant)", _running_sum, 5, 2),
         case("f = add a vector per position (not equivariant)",
-             functools.partial(_add_positions, P=_randn(g, 6, 3)), 6, 3),
+             functools.partial(_add_positions, P=randn(g, 6, 3)), 6, 3),
     ]
 
 

@@ -29,7 +29,7 @@ from attention_course.grading.compare import (
     rows_sum_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part
+from attention_course.grading.spec import Case, Exercise, Part, randn
 
 PREAMBLE = """\
 import math
@@ -38,9 +38,6 @@ import torch
 import torch.nn.functional as F
 """
 
-
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 
 def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> torch.Tensor:
@@ -67,16 +64,16 @@ def _hard_cases(g: torch.Generator) -> list[Case]:
     tied_keys = _randint(g, 6, 3, low=-2, high=2)
     tied_keys[1] = tied_keys[4] = 2.0  # equal keys, and the best ones for the positive queries below
     return [
-        Case("one query (1, 4), 6 keys, values of width 3", (_randn(g, 1, 4), _randn(g, 6, 4), _randn(g, 6, 3))),
+        Case("one query (1, 4), 6 keys, values of width 3", (randn(g, 1, 4), randn(g, 6, 4), randn(g, 6, 3))),
         Case("5 queries, 8 keys (d_k = 3), values of width 5",
-             (_randn(g, 5, 3), _randn(g, 8, 3), _randn(g, 8, 5))),
+             (randn(g, 5, 3), randn(g, 8, 3), randn(g, 8, 5))),
         Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)",
-             (_randn(g, 2, 4, 3), _randn(g, 2, 6, 3), _randn(g, 2, 6, 2))),
+             (randn(g, 2, 4, 3), randn(g, 2, 6, 3), randn(g, 2, 6, 2))),
         Case("keys 1 and 4 are equal: on a tie the first key wins",
-             (_randint(g, 4, 3, low=1, high=3), tied_keys, _randn(g, 6, 2))),
-        Case("every score negative", (_randn(g, 3, 2).abs() + 0.5, -(_randn(g, 5, 2).abs() + 0.5),
-                                      _randn(g, 5, 3))),
-        Case("a single key: every query gets its value", (_randn(g, 3, 4), _randn(g, 1, 4), _randn(g, 1, 6))),
+             (_randint(g, 4, 3, low=1, high=3), tied_keys, randn(g, 6, 2))),
+        Case("every score negative", (randn(g, 3, 2).abs() + 0.5, -(randn(g, 5, 2).abs() + 0.5),
+                                      randn(g, 5, 3))),
+        Case("a single key: every query gets its value", (randn(g, 3, 4), randn(g, 1, 4), randn(g, 1, 6))),
     ]
 
 
@@ -114,18 +111,18 @@ def _verify_hard(case: Case, output: Any) -> str | None:
 def _soft_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("3 queries, 5 keys (d_k = 4), values of width 2, beta = 1",
-             (_randn(g, 3, 4), _randn(g, 5, 4), _randn(g, 5, 2)), {"beta": 1.0}),
+             (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 2)), {"beta": 1.0}),
         Case("d_k = 16, beta = 1 (no 1/sqrt(d_k) here: beta is the only scale)",
-             (_randn(g, 2, 16, scale=0.4), _randn(g, 6, 16, scale=0.4), _randn(g, 6, 3)), {"beta": 1.0}),
+             (randn(g, 2, 16, scale=0.4), randn(g, 6, 16, scale=0.4), randn(g, 6, 3)), {"beta": 1.0}),
         Case("a batch: queries (2, 3, 4), keys (2, 7, 4), values (2, 7, 5), beta = 0.5",
-             (_randn(g, 2, 3, 4), _randn(g, 2, 7, 4), _randn(g, 2, 7, 5)), {"beta": 0.5}),
+             (randn(g, 2, 3, 4), randn(g, 2, 7, 4), randn(g, 2, 7, 5)), {"beta": 0.5}),
         Case("beta = 0: every query gets the mean of the values",
-             (_randn(g, 2, 3), _randn(g, 4, 3), _randn(g, 4, 2)), {"beta": 0.0}),
-        Case("beta = 40: close to the hard lookup", (_randn(g, 3, 3), _randn(g, 6, 3), _randn(g, 6, 4)),
+             (randn(g, 2, 3), randn(g, 4, 3), randn(g, 4, 2)), {"beta": 0.0}),
+        Case("beta = 40: close to the hard lookup", (randn(g, 3, 3), randn(g, 6, 3), randn(g, 6, 4)),
              {"beta": 40.0}, {"stability": True}),
-        Case("scores around 1e4 (overflow test)", (_randn(g, 2, 2, scale=100.0), _randn(g, 5, 2, scale=100.0),
-                                                   _randn(g, 5, 3)), {"beta": 1.0}, {"stability": True}),
-        Case("a single key", (_randn(g, 3, 4), _randn(g, 1, 4), _randn(g, 1, 2)), {"beta": 2.0}),
+        Case("scores around 1e4 (overflow test)", (randn(g, 2, 2, scale=100.0), randn(g, 5, 2, scale=100.0),
+                                                   randn(g, 5, 3)), {"beta": 1.0}, {"stability": True}),
+        Case("a single key", (randn(g, 3, 4), randn(g, 1, 4), randn(g, 1, 2)), {"beta": 2.0}),
     ]
 
 
@@ -161,8 +158,8 @@ def _verify_soft(case: Case, output: Any) -> str | None:
 # --- part 3: the additive score --------------------------------------------------------------------------
 def _additive_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: tuple[int, ...], m: int, n: int, d_q: int, d_k: int, a: int, scale: float = 1.0):
-        return Case(name, (_randn(g, *batch, m, d_q, scale=scale), _randn(g, *batch, n, d_k, scale=scale),
-                           _randn(g, d_q, a, scale=0.7), _randn(g, d_k, a, scale=0.7), _randn(g, a)))
+        return Case(name, (randn(g, *batch, m, d_q, scale=scale), randn(g, *batch, n, d_k, scale=scale),
+                           randn(g, d_q, a, scale=0.7), randn(g, d_k, a, scale=0.7), randn(g, a)))
 
     return [
         case("3 queries and 5 keys of the same size 4, a = 6", (), 3, 5, 4, 4, 6),
@@ -203,21 +200,21 @@ def _verify_additive(case: Case, output: Any) -> str | None:
 def _limit_cases(g: torch.Generator) -> list[Case]:
     duplicated = _randint(g, 5, 2, low=-2, high=3)
     duplicated[0] = duplicated[3] = 3.0  # two equal keys, the best for every query pointing up and right
-    base = _randn(g, 3, dtype=torch.float64).abs() + 0.5
-    others = 0.2 * _randn(g, 2, 3, dtype=torch.float64).abs()
+    base = randn(g, 3, dtype=torch.float64).abs() + 0.5
+    others = 0.2 * randn(g, 2, 3, dtype=torch.float64).abs()
     # Keys 1 and 2 point the same way and key 2 is longer by one part in 1e9: the limit is one-hot on key 2.
     near_keys = torch.stack([others[0], base, base * (1 + 1e-9), others[1]])
     return [
-        Case("4 queries, 6 keys: unique best keys", (_randn(g, 4, 3), _randn(g, 6, 3), _randn(g, 6, 2))),
+        Case("4 queries, 6 keys: unique best keys", (randn(g, 4, 3), randn(g, 6, 3), randn(g, 6, 2))),
         Case("keys 0 and 3 are equal: tied best keys share the weight",
-             (_randint(g, 6, 2, low=0, high=4), duplicated, _randn(g, 5, 3)), data={"ties": True}),
+             (_randint(g, 6, 2, low=0, high=4), duplicated, randn(g, 5, 3)), data={"ties": True}),
         Case("every key equal: the limit is the mean of the values",
-             (_randint(g, 2, 2), _randint(g, 1, 2).expand(4, 2).clone(), _randn(g, 4, 3)), data={"ties": True}),
+             (_randint(g, 2, 2), _randint(g, 1, 2).expand(4, 2).clone(), randn(g, 4, 3)), data={"ties": True}),
         Case("a near tie: key 2 scores higher than key 1 by one part in 1e9 (float64)",
-             (base.unsqueeze(0), near_keys, _randn(g, 4, 2, dtype=torch.float64)), data={"near": True}),
+             (base.unsqueeze(0), near_keys, randn(g, 4, 2, dtype=torch.float64)), data={"near": True}),
         Case("a batch: queries (2, 3, 2), keys (2, 4, 2) of small integers (many ties)",
-             (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), _randn(g, 2, 4, 3)), data={"ties": True}),
-        Case("scores around 1e4", (_randn(g, 3, 2, scale=100.0), _randn(g, 5, 2, scale=100.0), _randn(g, 5, 2))),
+             (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), randn(g, 2, 4, 3)), data={"ties": True}),
+        Case("scores around 1e4", (randn(g, 3, 2, scale=100.0), randn(g, 5, 2, scale=100.0), randn(g, 5, 2))),
     ]
 
 

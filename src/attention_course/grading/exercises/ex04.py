@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt,
@@ -29,7 +30,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -38,9 +39,6 @@ import torch
 import torch.nn.functional as F
 """
 
-
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -51,14 +49,11 @@ def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
             return perm
 
 
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64)
-
 
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q kᵀ · scale) v in float64; scale defaults to 1/√d_k. Returns (output, weights)."""
-    q, k, v = _f64(q), _f64(k), _f64(v)
+    q, k, v = f64(q), f64(k), f64(v)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     weights = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * scale, dim=-1)
@@ -75,7 +70,7 @@ def _pair_problem(output: Any, first: str, second: str) -> str | None:
 
 def _matches(actual: torch.Tensor, expected: torch.Tensor) -> bool:
     return tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(_f64(actual), expected, atol=1e-5, rtol=1e-4))
+        torch.allclose(f64(actual), expected, atol=1e-5, rtol=1e-4))
 
 
 def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
@@ -83,7 +78,7 @@ def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) 
 
     Silent when the weights are right (some cases cannot tell the mistakes apart, e.g. a single key).
     """
-    scores = torch.matmul(_f64(q), _f64(k).transpose(-2, -1))
+    scores = torch.matmul(f64(q), f64(k).transpose(-2, -1))
     if _matches(weights, torch.softmax(scores / math.sqrt(q.shape[-1]), dim=-1)):
         return None
     d_k = q.shape[-1]
@@ -106,7 +101,7 @@ def _projection_cases(g: torch.Generator) -> list[Case]:
         rows = w_rows or d_model
         return Case(
             name,
-            (_randn(g, *x_shape), _randn(g, rows, d_k), _randn(g, rows, d_k_key or d_k), _randn(g, rows, d_v)),
+            (randn(g, *x_shape), randn(g, rows, d_k), randn(g, rows, d_k_key or d_k), randn(g, rows, d_v)),
             data={"error": error} if error else {},
         )
 
@@ -140,7 +135,7 @@ def _verify_projection(case: Case, output: Any) -> str | None:
     )
     if problem:
         return problem
-    references = [torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V)]
+    references = [torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V)]
     for name, actual, expected, W in zip("QKV", output, references, (W_Q, W_K, W_V)):
         problem = tensor_problem(actual, f"your {name}", expected.shape)
         if problem and isinstance(actual, torch.Tensor) and tuple(actual.shape) == (*X.shape[:-2], W.shape[1],
@@ -155,7 +150,7 @@ def _verify_projection(case: Case, output: Any) -> str | None:
 # --- part 2: one fused projection, split ---------------------------------------------------------------
 def _fused_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, x_shape: tuple[int, ...], d_k: int, d_v: int) -> Case:
-        return Case(name, (_randn(g, *x_shape), _randn(g, x_shape[-1], 2 * d_k + d_v)), {"d_k": d_k})
+        return Case(name, (randn(g, *x_shape), randn(g, x_shape[-1], 2 * d_k + d_v)), {"d_k": d_k})
 
     return [
         case("X (5, 8), d_k = d_v = 4: W_qkv (8, 12)", (5, 8), 4, 4),
@@ -173,7 +168,7 @@ def _verify_fused(case: Case, output: Any) -> str | None:
         return "expected a tuple (Q, K, V) of 3 tensors"
     blocks = (W_qkv[:, :d_k], W_qkv[:, d_k:2 * d_k], W_qkv[:, 2 * d_k:])
     for name, actual, W, width in zip("QKV", output, blocks, (d_k, d_k, d_v)):
-        expected = torch.matmul(_f64(X), _f64(W))
+        expected = torch.matmul(f64(X), f64(W))
         if isinstance(actual, torch.Tensor) and actual.shape[:-1] == expected.shape[:-1] and \
                 actual.shape[-1] != width and d_v != d_k:
             return (f"your {name} has {actual.shape[-1]} columns, expected {width}: W_qkv = [W_Q | W_K | W_V] "
@@ -188,16 +183,16 @@ def _verify_fused(case: Case, output: Any) -> str | None:
 
 # --- part 3: one query, step by step -------------------------------------------------------------------
 def _one_query_cases(g: torch.Generator) -> list[Case]:
-    same_key = _randn(g, 1, 3).expand(4, 3).clone()
+    same_key = randn(g, 1, 3).expand(4, 3).clone()
     return [
-        Case("q (4,), K (5, 4), V (5, 3)", (_randn(g, 4), _randn(g, 5, 4), _randn(g, 5, 3))),
-        Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", (_randn(g, 64), _randn(g, 6, 64), _randn(g, 6, 2))),
+        Case("q (4,), K (5, 4), V (5, 3)", (randn(g, 4), randn(g, 5, 4), randn(g, 5, 3))),
+        Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", (randn(g, 64), randn(g, 6, 64), randn(g, 6, 2))),
         Case("a single key: its weight is 1 and the output is its value",
-             (_randn(g, 3), _randn(g, 1, 3), _randn(g, 1, 4))),
+             (randn(g, 3), randn(g, 1, 3), randn(g, 1, 4))),
         Case("all keys equal: uniform weights, the output is the mean value",
-             (_randn(g, 3), same_key, _randn(g, 4, 5)), data={"uniform": True}),
-        Case("large scores (about 1e4): no overflow", (_randn(g, 4, scale=80.0), _randn(g, 5, 4, scale=80.0),
-                                                       _randn(g, 5, 2))),
+             (randn(g, 3), same_key, randn(g, 4, 5)), data={"uniform": True}),
+        Case("large scores (about 1e4): no overflow", (randn(g, 4, scale=80.0), randn(g, 5, 4, scale=80.0),
+                                                       randn(g, 5, 2))),
     ]
 
 
@@ -211,7 +206,7 @@ def _verify_one_query(case: Case, output: Any) -> str | None:
     out, w = output
 
     def uniform() -> str | None:
-        if case.data.get("uniform") and not torch.allclose(_f64(out), _f64(V).mean(0), atol=1e-5):
+        if case.data.get("uniform") and not torch.allclose(f64(out), f64(V).mean(0), atol=1e-5):
             return "with all keys equal every weight is 1/L, so the output must be the mean of the values"
         return None
 
@@ -233,8 +228,8 @@ def _verify_one_query(case: Case, output: Any) -> str | None:
 # --- part 4: the matrix form ---------------------------------------------------------------------------
 def _matrix_cases(g: torch.Generator) -> list[Case]:
     def qkv(lead: tuple[int, ...], lq: int, lk: int, d_k: int, d_v: int, scale: float = 1.0) -> tuple:
-        return (_randn(g, *lead, lq, d_k, scale=scale), _randn(g, *lead, lk, d_k, scale=scale),
-                _randn(g, *lead, lk, d_v))
+        return (randn(g, *lead, lq, d_k, scale=scale), randn(g, *lead, lk, d_k, scale=scale),
+                randn(g, *lead, lk, d_v))
 
     return [
         Case("Q, K (4, 6), V (4, 3)", qkv((), 4, 4, 6, 3)),
@@ -249,7 +244,7 @@ def _matrix_cases(g: torch.Generator) -> list[Case]:
 def _verify_matrix(case: Case, output: Any) -> str | None:
     Q, K, V = case.args
     expected_out, expected_w = _reference_attention(Q, K, V)
-    torch_out = F.scaled_dot_product_attention(_f64(Q), _f64(K), _f64(V))
+    torch_out = F.scaled_dot_product_attention(f64(Q), f64(K), f64(V))
     problem = _pair_problem(output, "output", "weights")
     if problem:
         return problem
@@ -280,10 +275,10 @@ def _verify_matrix(case: Case, output: Any) -> str | None:
 def _cross_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, lead: tuple[int, ...], lq: int, lk: int, d_q: int, d_kv: int, d_k: int, d_v: int,
              data: dict[str, Any] | None = None, same: bool = False) -> Case:
-        X_q = _randn(g, *lead, lq, d_q)
-        X_kv = X_q.clone() if same else _randn(g, *lead, lk, d_kv)
-        weights = (_randn(g, d_q, d_k, scale=d_q ** -0.5), _randn(g, d_kv, d_k, scale=d_kv ** -0.5),
-                   _randn(g, d_kv, d_v, scale=d_kv ** -0.5))
+        X_q = randn(g, *lead, lq, d_q)
+        X_kv = X_q.clone() if same else randn(g, *lead, lk, d_kv)
+        weights = (randn(g, d_q, d_k, scale=d_q ** -0.5), randn(g, d_kv, d_k, scale=d_kv ** -0.5),
+                   randn(g, d_kv, d_v, scale=d_kv ** -0.5))
         return Case(name, (X_q, X_kv, *weights), data=data or {})
 
     return [
@@ -316,7 +311,7 @@ def _verify_cross(case: Case, output: Any) -> str | None:
         if not isinstance(output, tuple) or len(output) != 2:
             return "expected your function to return a tuple (output, weights)"
         output, permuted = output
-    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for X, W in ((X_q, W_Q), (X_kv, W_K), (X_kv, W_V)))
+    Q, K, V = (torch.matmul(f64(X), f64(W)) for X, W in ((X_q, W_Q), (X_kv, W_K), (X_kv, W_V)))
     expected_out, expected_w = _reference_attention(Q, K, V)
     problem = _pair_problem(output, "output", "weights")
     if problem:
@@ -338,13 +333,13 @@ def _verify_cross(case: Case, output: Any) -> str | None:
         if problem:
             return problem
         if "perm_kv" in case.data:
-            gap = float((_f64(permuted[0]) - _f64(out)).abs().max())
+            gap = float((f64(permuted[0]) - f64(out)).abs().max())
             if not gap <= 1e-4:
                 return (f"reordering the source tokens (keys and values together) changed your output by up to "
                         f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
         else:
             perm = case.data["perm_q"]
-            gap = float((_f64(permuted[0]) - _f64(out)[perm]).abs().max())
+            gap = float((f64(permuted[0]) - f64(out)[perm]).abs().max())
             if not gap <= 1e-4:
                 return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
                         f"way, but they differ by up to {fmt(gap)}")

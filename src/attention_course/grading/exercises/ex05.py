@@ -21,13 +21,14 @@ import torch.nn.functional as F
 
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt,
     row_name,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -37,12 +38,6 @@ import torch.nn.functional as F
 """
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
-
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64)
 
 
 def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torch.Tensor:
@@ -57,7 +52,7 @@ def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torc
 
 def _reference_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax over the allowed keys in float64; rows with no allowed key are all zeros."""
-    scores = _f64(scores)
+    scores = f64(scores)
     if mask is None:
         return torch.softmax(scores, dim=-1)
     mask = mask.expand(scores.shape)
@@ -68,18 +63,18 @@ def _reference_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch
 # --- part 1: scaled scores ----------------------------------------------------------------------------
 def _scores_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("Q (4, 8), K (6, 8)", (_randn(g, 4, 8), _randn(g, 6, 8))),
-        Case("batch and head dimensions: Q (2, 3, 5, 16), K (2, 3, 7, 16)", (_randn(g, 2, 3, 5, 16),
-                                                                               _randn(g, 2, 3, 7, 16))),
+        Case("Q (4, 8), K (6, 8)", (randn(g, 4, 8), randn(g, 6, 8))),
+        Case("batch and head dimensions: Q (2, 3, 5, 16), K (2, 3, 7, 16)", (randn(g, 2, 3, 5, 16),
+                                                                               randn(g, 2, 3, 7, 16))),
         Case("unit-variance Q and K with d_k = 256: the scaled scores have variance about 1",
-             (_randn(g, 64, 256), _randn(g, 64, 256)), data={"variance": True}),
-        Case("d_k = 1", (_randn(g, 3, 1), _randn(g, 4, 1))),
+             (randn(g, 64, 256), randn(g, 64, 256)), data={"variance": True}),
+        Case("d_k = 1", (randn(g, 3, 1), randn(g, 4, 1))),
     ]
 
 
 def _verify_scores(case: Case, output: Any) -> str | None:
     Q, K = case.args
-    raw = torch.matmul(_f64(Q), _f64(K).transpose(-2, -1))
+    raw = torch.matmul(f64(Q), f64(K).transpose(-2, -1))
     d_k = Q.shape[-1]
     expected = raw / math.sqrt(d_k)
     problem = tensor_problem(output, "your scores", expected.shape)
@@ -88,7 +83,7 @@ def _verify_scores(case: Case, output: Any) -> str | None:
                                                                         expected.shape[-2]):
             return problem + ": one row per query and one column per key, Q @ K.transpose(-2, -1)"
         return problem
-    actual = _f64(output)
+    actual = f64(output)
     if not torch.allclose(actual, expected, atol=1e-5, rtol=1e-4) and d_k > 1:
         variance = f" (their variance is {fmt(float(actual.var()))})" if case.data.get("variance") else ""
         if torch.allclose(actual, raw, atol=1e-4, rtol=1e-4):
@@ -110,17 +105,17 @@ def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
     left_pad[1, ..., :2] = False
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     return [
-        Case("scores (4, 6) with a random mask", (_randn(g, 4, 6), _random_mask(g, 4, 6))),
-        Case("a causal mask (5, 5) shared by a batch of scores (2, 5, 5)", (_randn(g, 2, 5, 5), causal)),
+        Case("scores (4, 6) with a random mask", (randn(g, 4, 6), _random_mask(g, 4, 6))),
+        Case("a causal mask (5, 5) shared by a batch of scores (2, 5, 5)", (randn(g, 2, 5, 5), causal)),
         Case("a padding mask (2, 1, 1, 6) for scores (2, 3, 4, 6)",
-             (_randn(g, 2, 3, 4, 6), _random_mask(g, 2, 1, 1, 6))),
-        Case("row 2 has no allowed key: its weights must be all zero, not NaN", (_randn(g, 4, 5), fully),
+             (randn(g, 2, 3, 4, 6), _random_mask(g, 2, 1, 1, 6))),
+        Case("row 2 has no allowed key: its weights must be all zero, not NaN", (randn(g, 4, 5), fully),
              data={"empty": True}),
         Case("left padding and a causal mask: the first rows of batch item 1 see nothing",
-             (_randn(g, 2, 5, 5), causal & left_pad[:, 0]), data={"empty": True}),
-        Case("scores around 1e4 (stability)", (1e4 + _randn(g, 3, 6), _random_mask(g, 3, 6))),
-        Case("float64 scores keep their dtype", (_randn(g, 3, 4, dtype=torch.float64), _random_mask(g, 3, 4))),
-        Case("mask=None: a plain softmax", (_randn(g, 3, 5), None)),
+             (randn(g, 2, 5, 5), causal & left_pad[:, 0]), data={"empty": True}),
+        Case("scores around 1e4 (stability)", (1e4 + randn(g, 3, 6), _random_mask(g, 3, 6))),
+        Case("float64 scores keep their dtype", (randn(g, 3, 4, dtype=torch.float64), _random_mask(g, 3, 4))),
+        Case("mask=None: a plain softmax", (randn(g, 3, 5), None)),
     ]
 
 
@@ -142,7 +137,7 @@ def _weights_problem(weights: Any, scores: torch.Tensor, mask: torch.Tensor | No
     problem = finite_problem(weights, what)
     if problem:
         return problem
-    w = _f64(weights)
+    w = f64(weights)
     if mask is not None and not allowed.all():
         # Compare on the rows where both the mask and its inverse allow some key (the others are ambiguous).
         inverted_allowed = ~allowed
@@ -178,7 +173,7 @@ def _verify_masked_softmax(case: Case, output: Any) -> str | None:
 # --- part 3: scaled dot-product attention with a mask --------------------------------------------------
 def _attention_cases(g: torch.Generator) -> list[Case]:
     def qkv(*lead: int, lq: int, lk: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
-        return _randn(g, *lead, lq, d_k), _randn(g, *lead, lk, d_k), _randn(g, *lead, lk, d_v)
+        return randn(g, *lead, lq, d_k), randn(g, *lead, lk, d_k), randn(g, *lead, lk, d_v)
 
     empty = _random_mask(g, 2, 4, 6)
     empty[1, 3] = False
@@ -222,22 +217,22 @@ def _verify_attention(case: Case, output: Any) -> str | None:
     if not isinstance(output, (tuple, list)) or len(output) != 2:
         return "expected a tuple (output, weights)"
     out, weights = output
-    scores = torch.matmul(_f64(Q), _f64(K).transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+    scores = torch.matmul(f64(Q), f64(K).transpose(-2, -1)) / math.sqrt(Q.shape[-1])
     expected_w = _reference_weights(scores, mask)
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and mask is None:
         unscaled = torch.softmax(scores * math.sqrt(Q.shape[-1]), dim=-1)
-        if torch.allclose(_f64(weights), unscaled, atol=1e-5) and not torch.allclose(_f64(weights), expected_w,
+        if torch.allclose(f64(weights), unscaled, atol=1e-5) and not torch.allclose(f64(weights), expected_w,
                                                                                       atol=1e-5):
             return f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = {Q.shape[-1]})"
-    expected_out = torch.matmul(expected_w, _f64(V))
-    reference = F.scaled_dot_product_attention(_f64(Q), _f64(K), _f64(V), attn_mask=mask)
+    expected_out = torch.matmul(expected_w, f64(V))
+    reference = F.scaled_dot_product_attention(f64(Q), f64(K), f64(V), attn_mask=mask)
     has_key = torch.ones(expected_w.shape[:-1], dtype=torch.bool) if mask is None else \
         mask.expand(expected_w.shape).any(dim=-1)
 
     def zero_rows() -> str | None:
         if has_key.all():
             return None
-        rows = _f64(out)[~has_key]
+        rows = f64(out)[~has_key]
         if not torch.equal(rows, torch.zeros_like(rows)):
             index = (~has_key).nonzero()[0].tolist()
             return f"the output of {row_name(index)} (a query with no allowed key) must be all zeros"
@@ -256,15 +251,15 @@ def _verify_attention(case: Case, output: Any) -> str | None:
 def _causal_cases(g: torch.Generator) -> list[Case]:
     def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
         s = d_model ** -0.5
-        return _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_v, scale=s)
+        return randn(g, d_model, d_k, scale=s), randn(g, d_model, d_k, scale=s), randn(g, d_model, d_v, scale=s)
 
     return [
-        Case("X (5, 6), d_k = 4, d_v = 3", (_randn(g, 5, 6), *weights(6, 4, 3))),
-        Case("a batch X (2, 4, 6)", (_randn(g, 2, 4, 6), *weights(6, 6, 6))),
-        Case("a single token: it can only attend to itself", (_randn(g, 1, 5), *weights(5, 3, 2))),
-        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3", (_randn(g, 2, 5, 6),
+        Case("X (5, 6), d_k = 4, d_v = 3", (randn(g, 5, 6), *weights(6, 4, 3))),
+        Case("a batch X (2, 4, 6)", (randn(g, 2, 4, 6), *weights(6, 6, 6))),
+        Case("a single token: it can only attend to itself", (randn(g, 1, 5), *weights(5, 3, 2))),
+        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3", (randn(g, 2, 5, 6),
                                                                                   *weights(6, 4, 3)),
-             data={"future": _randn(g, 2, 2, 6)}),
+             data={"future": randn(g, 2, 2, 6)}),
     ]
 
 
@@ -289,13 +284,13 @@ def _verify_causal(case: Case, output: Any) -> str | None:
         return "expected a tuple (output, weights)"
     out, weights = output
     length = X.shape[-2]
-    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V))
+    Q, K, V = (torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V))
     scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
     causal = torch.ones(length, length, dtype=torch.bool).tril()
     expected_w = _reference_weights(scores, causal)
 
     def first_token() -> str | None:
-        if not torch.allclose(_f64(out)[..., 0, :], V[..., 0, :], atol=1e-5):
+        if not torch.allclose(f64(out)[..., 0, :], V[..., 0, :], atol=1e-5):
             return "the first token can only attend to itself, so its output must equal its own value x_1 W_V"
         return None
 
@@ -305,7 +300,7 @@ def _verify_causal(case: Case, output: Any) -> str | None:
         problem = _pair_problem(changed) or tensor_problem(changed[0], "your output", out.shape)
         if problem:
             return problem
-        gap = float((_f64(changed[0])[..., :3, :] - _f64(out)[..., :3, :]).abs().max())
+        gap = float((f64(changed[0])[..., :3, :] - f64(out)[..., :3, :]).abs().max())
         if not gap <= 1e-5:
             return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
                     "leaks into the past (query i may only attend to keys j <= i)")
@@ -313,7 +308,7 @@ def _verify_causal(case: Case, output: Any) -> str | None:
 
     def diagonal() -> str | None:
         if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and bool(
-                (torch.diagonal(_f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
+                (torch.diagonal(f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
             return "the diagonal of your weights is zero: a token may attend to itself (j = i is allowed)"
         return None
 
@@ -338,7 +333,7 @@ def _pair_problem(output: Any) -> str | None:
 def _decoder_cases(g: torch.Generator) -> list[Case]:
     def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
         s = d_model ** -0.5
-        return _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_k, scale=s), _randn(g, d_model, d_v, scale=s)
+        return randn(g, d_model, d_k, scale=s), randn(g, d_model, d_k, scale=s), randn(g, d_model, d_v, scale=s)
 
     def tokens(rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor(rows)
@@ -347,14 +342,14 @@ def _decoder_cases(g: torch.Generator) -> list[Case]:
     right = tokens([[4, 7, 2, 9, 5], [3, 8, 6, pad, pad]])
     left = tokens([[pad, pad, 6, 2, 7], [5, 1, 9, 3, 4]])
     return [
-        Case("right padding: (2, 5) tokens, d_model 6", (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3))),
+        Case("right padding: (2, 5) tokens, d_model 6", (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3))),
         Case("left padding: the first queries of sequence 0 see no real token (zero output)",
-             (_randn(g, 2, 5, 6), left, pad, *weights(6, 4, 4))),
-        Case("padding id 2 (not 0)", (_randn(g, 1, 4, 5), tokens([[7, 3, 2, 2]]), 2, *weights(5, 3, 5))),
+             (randn(g, 2, 5, 6), left, pad, *weights(6, 4, 4))),
+        Case("padding id 2 (not 0)", (randn(g, 1, 4, 5), tokens([[7, 3, 2, 2]]), 2, *weights(5, 3, 5))),
         Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3",
-             (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"future": _randn(g, 2, 2, 6)}),
+             (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"future": randn(g, 2, 2, 6)}),
         Case("padding changes nothing: sequence 1 alone (3 tokens) gives the same 3 outputs",
-             (_randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"alone": (1, 3)}),
+             (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"alone": (1, 3)}),
     ]
 
 
@@ -378,7 +373,7 @@ def _decoder_reference(X: torch.Tensor, token_ids: torch.Tensor, pad_id: int, W_
                        W_K: torch.Tensor, W_V: torch.Tensor) -> torch.Tensor:
     length = X.shape[-2]
     mask = torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]  # (B, L, L)
-    Q, K, V = (torch.matmul(_f64(X), _f64(W)) for W in (W_Q, W_K, W_V))
+    Q, K, V = (torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V))
     weights = _reference_weights(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), mask)
     return torch.matmul(weights, V)
 
@@ -399,15 +394,15 @@ def _verify_decoder(case: Case, output: Any) -> str | None:
         return problem
     length = X.shape[-2]
     causal_only = _reference_weights(
-        torch.matmul(_f64(X) @ _f64(W_Q), (_f64(X) @ _f64(W_K)).transpose(-2, -1)) / math.sqrt(W_Q.shape[1]),
-        torch.ones(length, length, dtype=torch.bool).tril()) @ (_f64(X) @ _f64(W_V))
-    if not torch.allclose(_f64(output), expected, atol=1e-5) and torch.allclose(_f64(output), causal_only,
+        torch.matmul(f64(X) @ f64(W_Q), (f64(X) @ f64(W_K)).transpose(-2, -1)) / math.sqrt(W_Q.shape[1]),
+        torch.ones(length, length, dtype=torch.bool).tril()) @ (f64(X) @ f64(W_V))
+    if not torch.allclose(f64(output), expected, atol=1e-5) and torch.allclose(f64(output), causal_only,
                                                                                    atol=1e-5):
         return "your output ignores the padding: combine the causal mask with the padding mask (AND) so that no " \
                "query attends to a padding key"
     empty = ~(torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]).any(-1)
     if empty.any():
-        rows = _f64(output)[empty]
+        rows = f64(output)[empty]
         if not torch.equal(rows, torch.zeros_like(rows)):
             index = empty.nonzero()[0].tolist()
             return f"the output of {row_name(index)} must be all zeros: causally it sees only padding keys"
@@ -415,7 +410,7 @@ def _verify_decoder(case: Case, output: Any) -> str | None:
         problem = tensor_problem(extra, "your output", expected.shape)
         if problem:
             return problem
-        gap = float((_f64(extra)[:, :3] - _f64(output)[:, :3]).abs().max())
+        gap = float((f64(extra)[:, :3] - f64(output)[:, :3]).abs().max())
         if not gap <= 1e-5:
             return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
                     "leaks into the past (query i may only attend to keys j <= i)")
@@ -424,7 +419,7 @@ def _verify_decoder(case: Case, output: Any) -> str | None:
         problem = tensor_problem(extra, "your output for the sequence alone", (1, n, W_V.shape[1]))
         if problem:
             return problem
-        gap = float((_f64(extra)[0] - _f64(output)[row, :n]).abs().max())
+        gap = float((f64(extra)[0] - f64(output)[row, :n]).abs().max())
         if not gap <= 1e-5:
             return (f"the real tokens of sequence {row} get outputs that differ by up to {fmt(gap)} from those of the "
                     "same sequence without padding: padding keys must be masked")

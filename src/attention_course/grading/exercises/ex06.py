@@ -23,6 +23,7 @@ from torch import nn
 
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt_shape,
@@ -31,7 +32,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function, randn
 from attention_course.multihead import MultiHeadAttention
 
 PREAMBLE = """\
@@ -45,17 +46,11 @@ from torch import nn
 PARAM_NAMES = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(*shape, generator=g) * scale
-
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64)
 
 
 def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
     return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=1e-4))
+        torch.allclose(f64(actual), f64(expected), atol=atol, rtol=1e-4))
 
 
 
@@ -65,11 +60,11 @@ def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
 # --- part 1: split heads -------------------------------------------------------------------------------
 def _split_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("x (2, 5, 12), 3 heads of 4", (_randn(g, 2, 5, 12), 3)),
-        Case("x (1, 4, 8), 2 heads of 4", (_randn(g, 1, 4, 8), 2)),
-        Case("one head: x (3, 6, 5), 1 head of 5", (_randn(g, 3, 6, 5), 1)),
-        Case("one feature per head: x (2, 3, 4), 4 heads of 1", (_randn(g, 2, 3, 4), 4)),
-        Case("d_model = 10, 4 heads: must raise ValueError naming 10 and 4", (_randn(g, 2, 3, 10), 4),
+        Case("x (2, 5, 12), 3 heads of 4", (randn(g, 2, 5, 12), 3)),
+        Case("x (1, 4, 8), 2 heads of 4", (randn(g, 1, 4, 8), 2)),
+        Case("one head: x (3, 6, 5), 1 head of 5", (randn(g, 3, 6, 5), 1)),
+        Case("one feature per head: x (2, 3, 4), 4 heads of 1", (randn(g, 2, 3, 4), 4)),
+        Case("d_model = 10, 4 heads: must raise ValueError naming 10 and 4", (randn(g, 2, 3, 10), 4),
              data={"error": True}),
     ]
 
@@ -100,7 +95,7 @@ def _verify_split(case: Case, output: Any) -> str | None:
         d_head = d // h
         for i in range(h):
             block = x[:, :, i * d_head:(i + 1) * d_head]
-            if not torch.allclose(_f64(output[:, i]), _f64(block), atol=1e-6):
+            if not torch.allclose(f64(output[:, i]), f64(block), atol=1e-6):
                 return (f"head {i} of your output should be features {i * d_head}..{(i + 1) * d_head - 1} of every "
                         "token, x[:, :, i*d_head:(i+1)*d_head]")
         return None
@@ -116,11 +111,11 @@ def _verify_split(case: Case, output: Any) -> str | None:
 # --- part 2: merge heads -------------------------------------------------------------------------------
 def _merge_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("x (2, 3, 5, 4): 3 heads of 4 -> (2, 5, 12)", (_randn(g, 2, 3, 5, 4),)),
-        Case("x (1, 2, 6, 8)", (_randn(g, 1, 2, 6, 8),)),
-        Case("one head: x (2, 1, 4, 6)", (_randn(g, 2, 1, 4, 6),)),
-        Case("x (3, 4, 7, 1): heads of one feature", (_randn(g, 3, 4, 7, 1),)),
-        Case("as many heads as tokens: x (2, 5, 5, 3)", (_randn(g, 2, 5, 5, 3),)),
+        Case("x (2, 3, 5, 4): 3 heads of 4 -> (2, 5, 12)", (randn(g, 2, 3, 5, 4),)),
+        Case("x (1, 2, 6, 8)", (randn(g, 1, 2, 6, 8),)),
+        Case("one head: x (2, 1, 4, 6)", (randn(g, 2, 1, 4, 6),)),
+        Case("x (3, 4, 7, 1): heads of one feature", (randn(g, 3, 4, 7, 1),)),
+        Case("as many heads as tokens: x (2, 5, 5, 3)", (randn(g, 2, 5, 5, 3),)),
     ]
 
 
@@ -146,8 +141,8 @@ def _verify_merge(case: Case, output: Any) -> str | None:
 def _params(g: torch.Generator, d_model: int) -> dict[str, torch.Tensor]:
     params = {}
     for name in "qkvo":
-        params[f"W_{name}"] = _randn(g, d_model, d_model, scale=d_model ** -0.5)
-        params[f"b_{name}"] = _randn(g, d_model, scale=0.1)
+        params[f"W_{name}"] = randn(g, d_model, d_model, scale=d_model ** -0.5)
+        params[f"b_{name}"] = randn(g, d_model, scale=0.1)
     return params
 
 
@@ -155,9 +150,9 @@ def _forward_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, B: int, Lq: int, Lk: int, d: int, h: int, mask: torch.Tensor | None = None,
              self_attention: bool = False, same_kv: bool = True, scale: float = 1.0,
              data: dict[str, Any] | None = None) -> Case:
-        query = _randn(g, B, Lq, d, scale=scale)
-        key = query.clone() if self_attention else _randn(g, B, Lk, d, scale=scale)
-        value = key.clone() if same_kv else _randn(g, B, Lk, d)
+        query = randn(g, B, Lq, d, scale=scale)
+        key = query.clone() if self_attention else randn(g, B, Lk, d, scale=scale)
+        value = key.clone() if same_kv else randn(g, B, Lk, d)
         return Case(name, (query, key, value, _params(g, d), h), {"mask": mask}, data or {})
 
     lengths = torch.tensor([6, 3])
@@ -197,10 +192,10 @@ def _torch_module(params: dict[str, torch.Tensor], h: int) -> nn.MultiheadAttent
     d = params["W_q"].shape[0]
     module = nn.MultiheadAttention(d, h, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
-        module.in_proj_weight.copy_(torch.cat([_f64(params[f"W_{n}"]).T for n in "qkv"]))
-        module.in_proj_bias.copy_(torch.cat([_f64(params[f"b_{n}"]) for n in "qkv"]))
-        module.out_proj.weight.copy_(_f64(params["W_o"]).T)
-        module.out_proj.bias.copy_(_f64(params["b_o"]))
+        module.in_proj_weight.copy_(torch.cat([f64(params[f"W_{n}"]).T for n in "qkv"]))
+        module.in_proj_bias.copy_(torch.cat([f64(params[f"b_{n}"]) for n in "qkv"]))
+        module.out_proj.weight.copy_(f64(params["W_o"]).T)
+        module.out_proj.bias.copy_(f64(params["b_o"]))
     return module.eval()
 
 
@@ -213,11 +208,11 @@ def _reference_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
         # PyTorch gives NaN for a query with no allowed key; the library gives zero weights (course convention).
         library = MultiHeadAttention.from_torch(module).eval()
         with torch.no_grad():
-            out, weights = library(_f64(query), _f64(key), _f64(value), mask=mask)
+            out, weights = library(f64(query), f64(key), f64(value), mask=mask)
         return out, weights, "ac.MultiHeadAttention"
     attn_mask = None if mask is None else ~mask.expand(B, h, Lq, Lk).reshape(B * h, Lq, Lk)  # True = blocked
     with torch.no_grad():
-        out, weights = module(_f64(query), _f64(key), _f64(value), attn_mask=attn_mask, need_weights=True,
+        out, weights = module(f64(query), f64(key), f64(value), attn_mask=attn_mask, need_weights=True,
                               average_attn_weights=False)
     return out, weights, "nn.MultiheadAttention"
 
@@ -227,17 +222,17 @@ def _library_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """The library's output for ``module``'s weights with a course mask (True = may attend), float64."""
     library = MultiHeadAttention.from_torch(module.to(torch.float64)).eval()
     with torch.no_grad():
-        out, _ = library(_f64(query), _f64(key), _f64(value), mask=mask)
+        out, _ = library(f64(query), f64(key), f64(value), mask=mask)
     return out
 
 
 def _manual_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: dict[str, torch.Tensor],
                     h: int, scale: float, project_output: bool = True) -> torch.Tensor:
     """Unmasked multi-head attention with a chosen scale, for recognising wrong answers."""
-    p = {name: _f64(t) for name, t in params.items()}
-    q = _expected_split(_f64(query) @ p["W_q"] + p["b_q"], h)
-    k = _expected_split(_f64(key) @ p["W_k"] + p["b_k"], h)
-    v = _expected_split(_f64(value) @ p["W_v"] + p["b_v"], h)
+    p = {name: f64(t) for name, t in params.items()}
+    q = _expected_split(f64(query) @ p["W_q"] + p["b_q"], h)
+    k = _expected_split(f64(key) @ p["W_k"] + p["b_k"], h)
+    v = _expected_split(f64(value) @ p["W_v"] + p["b_v"], h)
     weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
     B, _, Lq, d_head = q.shape
     merged = (weights @ v).transpose(1, 2).reshape(B, Lq, h * d_head)
@@ -305,7 +300,7 @@ def _verify_forward(case: Case, output: Any) -> str | None:
             return (f"query {q} of batch item {b} has no allowed key and your result there contains NaN; give such "
                     "a row zero weights (fill blocked scores with a large negative finite number, or zero the row "
                     "after the softmax)")
-        if not torch.allclose(_f64(weights[b, head, q]), torch.zeros(Lk, dtype=torch.float64)):
+        if not torch.allclose(f64(weights[b, head, q]), torch.zeros(Lk, dtype=torch.float64)):
             return (f"query {q} of batch item {b} has no allowed key, so its weights must be all zero, got "
                     f"{[round(float(w), 3) for w in weights[b, head, q]]}")
         return None
@@ -330,10 +325,10 @@ def _module_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, d: int, h: int, bias: bool = True) -> Case:
         module = nn.MultiheadAttention(d, h, bias=bias, batch_first=True, device="meta")  # shapes only, no RNG
         names = list(module.state_dict())
-        state = [_randn(g, *module.state_dict()[key].shape, scale=0.3) for key in names]
+        state = [randn(g, *module.state_dict()[key].shape, scale=0.3) for key in names]
         # The weights travel as the case's arguments; run() loads them into a module for the learner.
         return Case(name, tuple(state), data={"d_model": d, "num_heads": h, "bias": bias, "names": names,
-                                              "x": _randn(g, 2, 4, d)})
+                                              "x": randn(g, 2, 4, d)})
 
     return [
         case("d_model = 8, 2 heads", 8, 2),
@@ -412,9 +407,9 @@ def _torch_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, d: int, h: int, Lq: int, Lk: int, key_padding: torch.Tensor | None = None,
              attn_mask: torch.Tensor | None = None, self_attention: bool = False) -> Case:
         module = nn.MultiheadAttention(d, h, batch_first=True, device="meta")  # shapes only, no RNG
-        state = {key: _randn(g, *value.shape, scale=0.3) for key, value in module.state_dict().items()}
-        query = _randn(g, 2, Lq, d)
-        key = query.clone() if self_attention else _randn(g, 2, Lk, d)
+        state = {key: randn(g, *value.shape, scale=0.3) for key, value in module.state_dict().items()}
+        query = randn(g, 2, Lq, d)
+        key = query.clone() if self_attention else randn(g, 2, Lk, d)
         return Case(name, (query, key, key.clone()), {"key_padding_mask": key_padding, "attn_mask": attn_mask},
                     {"d_model": d, "num_heads": h, "bias": True, "state": state})
 
@@ -443,7 +438,7 @@ def _verify_torch(case: Case, output: Any) -> str | None:
 
     def run(kp: torch.Tensor | None, am: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            return module(_f64(query), _f64(key), _f64(value), key_padding_mask=kp, attn_mask=am,
+            return module(f64(query), f64(key), f64(value), key_padding_mask=kp, attn_mask=am,
                           need_weights=True, average_attn_weights=False)
 
     expected_out, expected_w = run(key_padding, attn_mask)

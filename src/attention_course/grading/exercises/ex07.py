@@ -22,6 +22,7 @@ import torch
 
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt,
@@ -39,13 +40,10 @@ import torch.nn.functional as F
 """
 
 
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64)
-
 
 def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-4) -> bool:
     return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=1e-4))
+        torch.allclose(f64(actual), f64(expected), atol=atol, rtol=1e-4))
 
 
 def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
@@ -61,7 +59,7 @@ def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
 # --- part 1: the sinusoidal encoding of given positions -----------------------------------------------
 def _encoding(positions: torch.Tensor, d: int, first_pair: int = 0) -> torch.Tensor:
     """Reference PE rows (float64) for 1-D ``positions``; ``first_pair=1`` gives the off-by-one-pair version."""
-    angle = _f64(positions).unsqueeze(1) * _omega(d, first_pair)  # (P, d/2)
+    angle = f64(positions).unsqueeze(1) * _omega(d, first_pair)  # (P, d/2)
     table = torch.empty(len(positions), d, dtype=torch.float64)
     table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
     return table
@@ -83,11 +81,11 @@ def _encoding_cases(g: torch.Generator) -> list[Case]:
 
 
 def _encoding_variants(positions: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
-    angle = _f64(positions).unsqueeze(1) * _omega(d)
+    angle = f64(positions).unsqueeze(1) * _omega(d)
     swapped = torch.empty(len(positions), d, dtype=torch.float64)
     swapped[:, 0::2], swapped[:, 1::2] = torch.cos(angle), torch.sin(angle)
     feature = torch.arange(d, dtype=torch.float64)  # exponent 2j/d with the column index j instead of 2i/d
-    wrong_angle = _f64(positions).unsqueeze(1) * 10000.0 ** (-2 * feature / d)
+    wrong_angle = f64(positions).unsqueeze(1) * 10000.0 ** (-2 * feature / d)
     return {
         "pairs_from_1": _encoding(positions, d, first_pair=1),
         "swapped": swapped,
@@ -132,7 +130,7 @@ def _verify_encoding(case: Case, output: Any) -> str | None:
     def position_zero() -> str | None:
         zero = (positions == 0).nonzero()
         if len(zero):
-            row = _f64(output[int(zero[0])])
+            row = f64(output[int(zero[0])])
             if not torch.allclose(row, torch.tensor([0.0, 1.0] * (d // 2), dtype=torch.float64), atol=1e-6):
                 return f"your row for position 0 starts {[round(float(v), 3) for v in row[:6]]}; sin(0) = 0 and " \
                        "cos(0) = 1, so PE(0) = (0, 1, 0, 1, ...)"
@@ -163,14 +161,14 @@ def _profile_cases(g: torch.Generator) -> list[Case]:
 
 def _verify_profile(case: Case, output: Any) -> str | None:
     offsets, d = case.args
-    k = _f64(offsets).unsqueeze(-1)
+    k = f64(offsets).unsqueeze(-1)
     expected = torch.cos(k * _omega(d)).sum(dim=-1)  # (...,): sum_i cos(omega_i k)
 
     def table_check() -> str | None:
         # The definition itself: <PE(p), PE(p + k)> from the library table, for the integer offsets.
         flat_offsets = offsets.flatten().tolist()
         pe = sinusoidal_positional_encoding(210, d, dtype=torch.float64)
-        flat = _f64(output).flatten()
+        flat = f64(output).flatten()
         for index, offset in enumerate(flat_offsets):
             if offset != round(offset) or abs(offset) > 100:
                 continue
@@ -184,8 +182,8 @@ def _verify_profile(case: Case, output: Any) -> str | None:
 
     def zero_offset() -> str | None:
         zero = (offsets == 0).flatten().nonzero()
-        if len(zero) and abs(float(_f64(output).flatten()[int(zero[0])]) - d / 2) > 1e-3:
-            return (f"at offset 0 your value is {fmt(float(_f64(output).flatten()[int(zero[0])]))}; "
+        if len(zero) and abs(float(f64(output).flatten()[int(zero[0])]) - d / 2) > 1e-3:
+            return (f"at offset 0 your value is {fmt(float(f64(output).flatten()[int(zero[0])]))}; "
                     f"<PE(p), PE(p)> = sum of d/2 terms sin^2 + cos^2 = d_model / 2 = {d // 2}")
         return None
 
@@ -229,10 +227,10 @@ def _rotation_cases(g: torch.Generator) -> list[Case]:
 def _verify_rotation(case: Case, output: Any) -> str | None:
     x, k = case.args
     d = x.shape[-1]
-    expected = _f64(x) @ _rotation(k, d).T  # rows: PE[p] R_kᵀ = PE[p + k]
+    expected = f64(x) @ _rotation(k, d).T  # rows: PE[p] R_kᵀ = PE[p + k]
 
     def direction() -> str | None:
-        if k != 0 and _matches(output, _f64(x) @ _rotation(k, d), atol=1e-5):
+        if k != 0 and _matches(output, f64(x) @ _rotation(k, d), atol=1e-5):
             return (f"your rotation moves backwards, to position p - {k}: rotate each pair (a, b) of features to "
                     "(a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k")
         return None
@@ -243,13 +241,13 @@ def _verify_rotation(case: Case, output: Any) -> str | None:
         targets = [p + k for p in case.data["positions"]]
         pe = sinusoidal_positional_encoding(max(targets) + 1, d, dtype=torch.float64)[targets]
         for row, (p, target) in enumerate(zip(case.data["positions"], targets)):
-            gap = float((_f64(output[row]) - pe[row]).abs().max())
+            gap = float((f64(output[row]) - pe[row]).abs().max())
             if gap > 1e-4:
                 return f"your result for PE({p}) differs from PE({target}) = PE({p} + {k}) by up to {fmt(gap)}"
         return None
 
     def lengths() -> str | None:
-        gap = float((_f64(output).norm(dim=-1) - _f64(x).norm(dim=-1)).abs().max())
+        gap = float((f64(output).norm(dim=-1) - f64(x).norm(dim=-1)).abs().max())
         if gap > 1e-4:
             return f"a rotation keeps lengths, but the length of one of your rows changed by {fmt(gap)}"
         return None
@@ -294,8 +292,8 @@ def _verify_embed(case: Case, output: Any) -> str | None:
     if case.data.get("error"):
         return value_error_problem(output, (L, pe.shape[0]),
                               f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
-    embedded = _f64(weight)[tokens]  # (B, L, d)
-    positions = _f64(pe[:L])  # (L, d)
+    embedded = f64(weight)[tokens]  # (B, L, d)
+    positions = f64(pe[:L])  # (L, d)
     expected = embedded * math.sqrt(d) + positions  # before dropout
     mistakes = [  # (what went wrong, what the learner then computed before dropout)
         (f"multiply the embeddings by sqrt(d_model) = {fmt(math.sqrt(d))} before adding the positions",
@@ -320,7 +318,7 @@ def _verify_embed(case: Case, output: Any) -> str | None:
     )
     if base:
         return base
-    out = _f64(output)
+    out = f64(output)
     if not training or p == 0.0:
         zeros = float((out == 0).double().mean())
         if zeros > 0 and not _matches(out, expected):

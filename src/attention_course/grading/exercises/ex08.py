@@ -21,13 +21,15 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.grading.compare import (
+    close_f64,
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -38,20 +40,11 @@ from torch import nn
 """
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(torch.float64)
-
-
-def _close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
-    return bool(torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=rtol))
 
 
 def _reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    return F.layer_norm(_f64(x), (x.shape[-1],), _f64(weight), _f64(bias), eps)
+    return F.layer_norm(f64(x), (x.shape[-1],), f64(weight), f64(bias), eps)
 
 
 # Sub-layers and norms handed to the learner's code: module-level functions (picklable), bound with partial.
@@ -79,20 +72,20 @@ def _affine_norm(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> t
 def _layer_norm_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, x: torch.Tensor, eps: float = 1e-5) -> Case:
         d = x.shape[-1]
-        weight = (1.0 + _randn(g, d, scale=0.3)).to(x.dtype)
-        bias = _randn(g, d, scale=0.3).to(x.dtype)
+        weight = (1.0 + randn(g, d, scale=0.3)).to(x.dtype)
+        bias = randn(g, d, scale=0.3).to(x.dtype)
         return Case(name, (x, weight, bias), {"eps": eps})
 
-    constant = _randn(g, 3, 8)
+    constant = randn(g, 3, 8)
     constant[1] = 2.5  # one row with zero variance
     return [
-        case("x (4, 10) with a random gain and bias", _randn(g, 4, 10)),
-        case("a batch of sequences, x (2, 5, 16)", _randn(g, 2, 5, 16, scale=3.0)),
-        case("offset inputs: mean about 100, std about 2, (3, 12)", 100.0 + _randn(g, 3, 12, scale=2.0)),
-        case("small spread: std about 1e-3, (3, 32) (where eps matters)", _randn(g, 3, 32, scale=1e-3)),
+        case("x (4, 10) with a random gain and bias", randn(g, 4, 10)),
+        case("a batch of sequences, x (2, 5, 16)", randn(g, 2, 5, 16, scale=3.0)),
+        case("offset inputs: mean about 100, std about 2, (3, 12)", 100.0 + randn(g, 3, 12, scale=2.0)),
+        case("small spread: std about 1e-3, (3, 32) (where eps matters)", randn(g, 3, 32, scale=1e-3)),
         case("a constant row (zero variance) must give the bias, not NaN", constant),
-        case("eps = 0.1, (2, 6)", _randn(g, 2, 6, scale=0.5), eps=0.1),
-        case("float64 input keeps its dtype, (3, 7)", _randn(g, 3, 7, dtype=torch.float64)),
+        case("eps = 0.1, (2, 6)", randn(g, 2, 6, scale=0.5), eps=0.1),
+        case("float64 input keeps its dtype, (3, 7)", randn(g, 3, 7, dtype=torch.float64)),
     ]
 
 
@@ -102,9 +95,9 @@ def _verify_layer_norm(case: Case, output: Any) -> str | None:
     expected = _reference_layer_norm(x, weight, bias, eps)
 
     def diagnosis() -> str | None:
-        if _close(output, expected):
+        if close_f64(output, expected):
             return None
-        x64 = _f64(x)
+        x64 = f64(x)
         mean = x64.mean(-1, keepdim=True)
         centred = x64 - mean
         unbiased = centred / torch.sqrt(x64.var(-1, keepdim=True, correction=1) + eps)
@@ -112,17 +105,17 @@ def _verify_layer_norm(case: Case, output: Any) -> str | None:
         no_eps = centred / x64.std(-1, keepdim=True, correction=0)
         plain = F.layer_norm(x64, (x.shape[-1],), eps=eps)
         for candidate, message in (
-            (unbiased * _f64(weight) + _f64(bias),
+            (unbiased * f64(weight) + f64(bias),
              "your output matches the *unbiased* variance (dividing by H - 1); LayerNorm divides by H "
              "(use correction=0 / unbiased=False)"),
-            (eps_outside * _f64(weight) + _f64(bias),
+            (eps_outside * f64(weight) + f64(bias),
              "your output matches (x - mean) / (std + eps): eps belongs inside the square root, "
              "(x - mean) / sqrt(var + eps)"),
-            (no_eps * _f64(weight) + _f64(bias),
+            (no_eps * f64(weight) + f64(bias),
              "your output matches a LayerNorm without eps: add eps to the variance"),
             (plain, "your output is normalised but ignores the gain and bias: return weight * x_hat + bias"),
         ):
-            if torch.isfinite(candidate).all() and _close(output, candidate):
+            if torch.isfinite(candidate).all() and close_f64(output, candidate):
                 return message
         return None
 
@@ -175,12 +168,12 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
     )
     if problem:
         return problem
-    out = _f64(first)
+    out = f64(first)
     if not training or p == 0.0:
         what = "in evaluation mode" if not training else "with p = 0"
-        if not torch.equal(out, _f64(x)):
+        if not torch.equal(out, f64(x)):
             return (f"{what} dropout must return its input unchanged (no zeros, no rescaling); yours differs "
-                    f"by up to {fmt(float((out - _f64(x)).abs().max()))}")
+                    f"by up to {fmt(float((out - f64(x)).abs().max()))}")
         return None
     if p == 1.0:
         return None if bool((out == 0).all()) else "with p = 1 every entry must be zero (and not NaN)"
@@ -193,7 +186,7 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
     if abs(dropped - p) > tolerance:
         hint = " (p is the probability of *dropping*, not of keeping)" if abs(dropped - (1 - p)) <= tolerance else ""
         return f"about {fmt(100 * p)}% of the entries should be zero, but {fmt(100 * dropped)}% are{hint}"
-    ratio = out[kept] / _f64(x)[kept]
+    ratio = out[kept] / f64(x)[kept]
     scale = 1.0 / (1.0 - p)
     if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-5):
         return (f"every surviving entry must be multiplied by 1/(1 - p) = {fmt(scale)}, so that the expected value "
@@ -207,10 +200,10 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
 def _residual_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, shape: tuple[int, ...], norm_first: bool, zero: bool = False, scale: float = 1.0) -> Case:
         d = shape[-1]
-        x = _randn(g, *shape, scale=scale)
+        x = randn(g, *shape, scale=scale)
         sublayer = (_zeros_like if zero else
-                    functools.partial(_tanh_linear, _randn(g, d, d, scale=d**-0.5), _randn(g, d, scale=0.1)))
-        norm = functools.partial(_affine_norm, 1.0 + _randn(g, d, scale=0.3), _randn(g, d, scale=0.3))
+                    functools.partial(_tanh_linear, randn(g, d, d, scale=d**-0.5), randn(g, d, scale=0.1)))
+        norm = functools.partial(_affine_norm, 1.0 + randn(g, d, scale=0.3), randn(g, d, scale=0.3))
         return Case(name, (x, sublayer, norm), {"norm_first": norm_first})
 
     return [
@@ -226,15 +219,15 @@ def _residual_cases(g: torch.Generator) -> list[Case]:
 def _verify_residual(case: Case, output: Any) -> str | None:
     x, sublayer, norm = case.args
     norm_first = case.kwargs["norm_first"]
-    x64 = _f64(x)
-    f = lambda t: _f64(sublayer(t))  # noqa: E731  (the reference runs in float64)
-    n = lambda t: _f64(norm(t))  # noqa: E731
+    x64 = f64(x)
+    f = lambda t: f64(sublayer(t))  # noqa: E731  (the reference runs in float64)
+    n = lambda t: f64(norm(t))  # noqa: E731
     post = n(x64 + f(x64))
     pre = x64 + f(n(x64))
     expected = pre if norm_first else post
 
     def diagnosis() -> str | None:
-        if _close(output, expected):
+        if close_f64(output, expected):
             return None
         wanted = "pre-norm x + f(norm(x))" if norm_first else "post-norm norm(x + f(x))"
         for candidate, message in (
@@ -247,7 +240,7 @@ def _verify_residual(case: Case, output: Any) -> str | None:
             (x64 + n(f(x64)), "you normalised the sub-layer's output only; post-norm normalises the sum, "
                               "norm(x + f(x))"),
         ):
-            if _close(output, candidate):
+            if close_f64(output, candidate):
                 return message
         return None
 
@@ -265,10 +258,10 @@ def _add_and_norm_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, shape: tuple[int, ...], norm_first: bool, dropout: float = 0.1, mode: str = "eval") -> Case:
         d = shape[-1]
         sublayer = (_ones_like if mode == "train" else
-                    functools.partial(_tanh_linear, _randn(g, d, d, scale=d**-0.5), _randn(g, d, scale=0.1)))
+                    functools.partial(_tanh_linear, randn(g, d, d, scale=d**-0.5), randn(g, d, scale=0.1)))
         data = {"d_model": d, "dropout": dropout, "norm_first": norm_first, "mode": mode,
-                "weight": 1.0 + _randn(g, d, scale=0.3), "bias": _randn(g, d, scale=0.3)}
-        return Case(name, (_randn(g, *shape), sublayer), data=data)
+                "weight": 1.0 + randn(g, d, scale=0.3), "bias": randn(g, d, scale=0.3)}
+        return Case(name, (randn(g, *shape), sublayer), data=data)
 
     return [
         case("post-norm, evaluation mode, d_model 8", (2, 5, 8), False),
@@ -321,22 +314,22 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
                     f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
                     "__init__?)")
         weight, bias = output["initial"]
-        if not (torch.equal(_f64(weight), torch.ones(d, dtype=torch.float64))
-                and torch.equal(_f64(bias), torch.zeros(d, dtype=torch.float64))):
+        if not (torch.equal(f64(weight), torch.ones(d, dtype=torch.float64))
+                and torch.equal(f64(bias), torch.zeros(d, dtype=torch.float64))):
             return "a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)"
         return None
 
     weight, bias = data["weight"], data["bias"]
     norm = functools.partial(_affine_norm, weight.double(), bias.double())
-    x64 = _f64(x)
+    x64 = f64(x)
 
     def values() -> str | None:
         if data["mode"] == "eval":
-            pre = x64 + _f64(sublayer(norm(x64)))
-            post = norm(x64 + _f64(sublayer(x64)))
+            pre = x64 + f64(sublayer(norm(x64)))
+            post = norm(x64 + f64(sublayer(x64)))
             expected, other = (pre, post) if data["norm_first"] else (post, pre)
-            if not _close(out, expected):
-                if _close(out, other):
+            if not close_f64(out, expected):
+                if close_f64(out, other):
                     return (f"your module computes the {'post' if data['norm_first'] else 'pre'}-norm order, but "
                             f"norm_first={data['norm_first']}")
                 return close_problem(out, expected, "your output (evaluation mode: dropout off)",
@@ -345,11 +338,11 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
             return None
         if data["mode"] == "train":  # pre-norm with a sub-layer of ones: out - x = Dropout(ones)
             p = data["dropout"]
-            change = _f64(out) - x64
+            change = f64(out) - x64
             kept = change.abs() > 1e-6
             dropped = 1.0 - float(kept.double().mean())
             tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
-            zeros = float((_f64(out) == 0).double().mean())
+            zeros = float((f64(out) == 0).double().mean())
             if abs(zeros - p) <= tolerance:
                 return ("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
                         "before the residual add, so that x always passes through")

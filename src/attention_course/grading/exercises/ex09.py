@@ -16,14 +16,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention_course.grading.compare import (
+    close_f64,
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     fmt,
     fmt_shape,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 from attention_course.layers import EncoderLayer
 
 PREAMBLE = """\
@@ -37,17 +39,7 @@ import attention_course as ac
 """
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(torch.float64)
-
-
-def _close(actual: Any, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
-    return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape
-            and bool(torch.allclose(_f64(actual), _f64(expected), atol=atol, rtol=rtol)))
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -60,21 +52,21 @@ def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
 # --- part 1: feed_forward -----------------------------------------------------------------------------
 def _ffn_weights(g: torch.Generator, d_model: int, d_ff: int, d_out: int | None = None) -> tuple[torch.Tensor, ...]:
     d_out = d_model if d_out is None else d_out
-    return (_randn(g, d_model, d_ff, scale=d_model**-0.5), _randn(g, d_ff, scale=0.1),
-            _randn(g, d_ff, d_out, scale=d_ff**-0.5), _randn(g, d_out, scale=0.1))
+    return (randn(g, d_model, d_ff, scale=d_model**-0.5), randn(g, d_ff, scale=0.1),
+            randn(g, d_ff, d_out, scale=d_ff**-0.5), randn(g, d_out, scale=0.1))
 
 
 def _ffn_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("x (5, 8), d_ff = 32", (_randn(g, 5, 8), *_ffn_weights(g, 8, 32))),
-        Case("a batch of sequences, x (2, 6, 8), d_ff = 16", (_randn(g, 2, 6, 8), *_ffn_weights(g, 8, 16))),
-        Case("a hidden layer narrower than the model, d_ff = 4", (_randn(g, 3, 5, 8), *_ffn_weights(g, 8, 4))),
+        Case("x (5, 8), d_ff = 32", (randn(g, 5, 8), *_ffn_weights(g, 8, 32))),
+        Case("a batch of sequences, x (2, 6, 8), d_ff = 16", (randn(g, 2, 6, 8), *_ffn_weights(g, 8, 16))),
+        Case("a hidden layer narrower than the model, d_ff = 4", (randn(g, 3, 5, 8), *_ffn_weights(g, 8, 4))),
         Case("reordering the positions reorders the outputs (position-wise)",
-             (_randn(g, 7, 6), *_ffn_weights(g, 6, 24)), data={"perm": _permutation(g, 7)}),
+             (randn(g, 7, 6), *_ffn_weights(g, 6, 24)), data={"perm": _permutation(g, 7)}),
         Case("W2 maps to width 12, but d_model is 8: ValueError naming both",
-             (_randn(g, 4, 8), *_ffn_weights(g, 8, 16, d_out=12)), data={"error": (12, 8)}),
+             (randn(g, 4, 8), *_ffn_weights(g, 8, 16, d_out=12)), data={"error": (12, 8)}),
         Case("W1 expects 10 features, x has 8: ValueError naming both",
-             (_randn(g, 4, 8), _randn(g, 10, 16), _randn(g, 16), _randn(g, 16, 8), _randn(g, 8)),
+             (randn(g, 4, 8), randn(g, 10, 16), randn(g, 16), randn(g, 16, 8), randn(g, 8)),
              data={"error": (10, 8)}),
     ]
 
@@ -96,7 +88,7 @@ def _run_ffn(obj: Any, case: Case) -> Any:
 
 def _reference_ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor,
                    b2: torch.Tensor) -> torch.Tensor:
-    return torch.relu(_f64(x) @ _f64(W1) + _f64(b1)) @ _f64(W2) + _f64(b2)
+    return torch.relu(f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)
 
 
 def _verify_ffn(case: Case, output: Any) -> str | None:
@@ -121,13 +113,13 @@ def _verify_ffn(case: Case, output: Any) -> str | None:
     expected = _reference_ffn(x, W1, b1, W2, b2)
 
     def diagnosis() -> str | None:
-        if _close(output, expected):
+        if close_f64(output, expected):
             return None
-        no_relu = (_f64(x) @ _f64(W1) + _f64(b1)) @ _f64(W2) + _f64(b2)
-        if _close(output, no_relu):
+        no_relu = (f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)
+        if close_f64(output, no_relu):
             return "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"
         relu_after = torch.relu(no_relu)
-        if _close(output, relu_after):
+        if close_f64(output, relu_after):
             return "you applied ReLU to the output; it belongs on the hidden layer only"
         return None
 
@@ -137,7 +129,7 @@ def _verify_ffn(case: Case, output: Any) -> str | None:
         problem = tensor_problem(permuted, "your output", expected.shape)
         if problem:
             return problem
-        gap = float((_f64(permuted) - _f64(output)[case.data["perm"]]).abs().max())
+        gap = float((f64(permuted) - f64(output)[case.data["perm"]]).abs().max())
         if not gap <= 1e-4:
             return (f"reordering the input positions should reorder your outputs the same way (the FFN treats every "
                     f"position alone), but they differ by up to {fmt(gap)}")
@@ -155,8 +147,8 @@ def _verify_ffn(case: Case, output: Any) -> str | None:
 # --- part 2: linear_to_conv1d ------------------------------------------------------------------------
 def _conv_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, d_in: int, d_out: int, batch: int, length: int) -> Case:
-        return Case(name, (_randn(g, d_in, d_out, scale=d_in**-0.5), _randn(g, d_out, scale=0.1)),
-                    data={"x": _randn(g, batch, length, d_in)})
+        return Case(name, (randn(g, d_in, d_out, scale=d_in**-0.5), randn(g, d_out, scale=0.1)),
+                    data={"x": randn(g, batch, length, d_in)})
 
     return [
         case("W (8, 32), b (32,): the first layer of an FFN with d_model 8, d_ff 32", 8, 32, 2, 5),
@@ -184,7 +176,7 @@ def _verify_conv(case: Case, output: Any) -> str | None:
     if not isinstance(output, dict) or "kernel" not in output:
         return "expected a tuple (kernel, bias)"
     kernel, bias = output["kernel"], output["bias"]
-    expected = _f64(case.data["x"]) @ _f64(W) + _f64(b)
+    expected = f64(case.data["x"]) @ f64(W) + f64(b)
 
     def kernel_shape() -> str | None:
         problem = tensor_problem(kernel, "your kernel", (d_out, d_in, 1))
@@ -219,14 +211,14 @@ def _encoder_layer_cases(g: torch.Generator) -> list[Case]:
         reference = _torch_layer(d_model, num_heads, d_ff, dropout, norm_first)
         with torch.no_grad():  # random weights from g (also the norms' gains and biases, which start at 1 and 0)
             for parameter in reference.parameters():
-                parameter.copy_(_randn(g, *parameter.shape, scale=0.3))
+                parameter.copy_(randn(g, *parameter.shape, scale=0.3))
             for norm in (reference.norm1, reference.norm2):
-                norm.weight.copy_(1.0 + _randn(g, d_model, scale=0.2))
+                norm.weight.copy_(1.0 + randn(g, d_model, scale=0.2))
         state = EncoderLayer.from_torch(reference).state_dict()  # the same weights under the library's names
         keep = None
         if lengths is not None:
             keep = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # (B, L) True = real token
-        x = _randn(g, batch, length, d_model)
+        x = randn(g, batch, length, d_model)
         data = {"config": (d_model, num_heads, d_ff, dropout, norm_first), "state": state,
                 "torch_state": reference.state_dict(), "mode": mode}
         mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L), True = may attend
@@ -272,7 +264,7 @@ def _reference_encoder_layer(case: Case, mask: torch.Tensor | None, norm_first: 
     layer = _torch_layer(d_model, num_heads, d_ff, dropout, config_norm_first if norm_first is None else norm_first)
     layer.load_state_dict(case.data["torch_state"])
     layer = layer.double().eval()
-    x = _f64(case.args[0])
+    x = f64(case.args[0])
     padding = None if mask is None else ~mask[:, 0, 0, :]  # PyTorch marks padding with True
     with torch.no_grad():
         return layer(x, src_key_padding_mask=padding)
@@ -309,12 +301,12 @@ def _verify_encoder_layer(case: Case, output: Any) -> str | None:
                         "gave the same output: apply dropout to each sub-layer's output, before the residual add")
             return None
         expected = _reference_encoder_layer(case, mask)
-        if _close(out, expected):
+        if close_f64(out, expected):
             return None
-        if _close(out, _reference_encoder_layer(case, mask, norm_first=not norm_first)):
+        if close_f64(out, _reference_encoder_layer(case, mask, norm_first=not norm_first)):
             return (f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
                     f"norm_first={norm_first}")
-        if mask is not None and _close(out, _reference_encoder_layer(case, None)):
+        if mask is not None and close_f64(out, _reference_encoder_layer(case, None)):
             return ("your output matches a layer that ignores the padding mask: pass mask to the self-attention "
                     "so that no token attends to padding")
         return close_problem(out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the "
@@ -333,13 +325,13 @@ def _verify_encoder_layer(case: Case, output: Any) -> str | None:
 def _head_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, lengths: list[int], length: int, d_model: int, num_classes: int, pooling: str,
              negative: bool = False) -> Case:
-        states = _randn(g, len(lengths), length, d_model)
+        states = randn(g, len(lengths), length, d_model)
         if negative:
             states = -3.0 - states.abs()  # every real feature negative: padding filled with 0 would win a max
         keep = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # (B, L)
         states[~keep] = 1e4  # junk on padding: any leak into the pool shows
-        data = {"config": (d_model, num_classes, pooling), "weight": _randn(g, num_classes, d_model, scale=0.3),
-                "bias": _randn(g, num_classes, scale=0.3)}
+        data = {"config": (d_model, num_classes, pooling), "weight": randn(g, num_classes, d_model, scale=0.3),
+                "bias": randn(g, num_classes, scale=0.3)}
         return Case(name, (states, keep), data=data)
 
     return [
@@ -371,14 +363,14 @@ def _run_head(obj: Any, case: Case) -> Any:
 def _verify_head(case: Case, output: Any) -> str | None:
     d_model, num_classes, pooling = case.data["config"]
     states, keep = case.args
-    weight, bias = _f64(case.data["weight"]), _f64(case.data["bias"])
+    weight, bias = f64(case.data["weight"]), f64(case.data["bias"])
     if not isinstance(output, dict):
         return f"expected logits, got {type(output).__name__}"
     if output.get("no_linear"):
         return (f"the head needs its linear layer as self.linear = nn.Linear(d_model, num_classes), created in "
                 f"__init__; yours has parameters {output['parameters'] or 'none'}")
     out = output["output"]
-    s = _f64(states)
+    s = f64(states)
     mask = keep[..., None]
     mean = (s * mask).sum(1) / keep.sum(1, keepdim=True)
     maximum = s.masked_fill(~mask, float("-inf")).amax(1)
@@ -402,14 +394,14 @@ def _verify_head(case: Case, output: Any) -> str | None:
         return None
 
     def diagnosis() -> str | None:
-        if _close(out, expected):
+        if close_f64(out, expected):
             return None
         leaky = (s.mean(1) if pooling == "mean" else s.amax(1)) @ weight.T + bias
-        if _close(out, leaky, atol=1e-2, rtol=1e-3):
+        if close_f64(out, leaky, atol=1e-2, rtol=1e-3):
             return "padding leaked into your pool: average (or take the maximum) over the real tokens only (keep)"
         if pooling == "max":
             zero_filled = s.masked_fill(~mask, 0.0).amax(1) @ weight.T + bias
-            if _close(out, zero_filled):
+            if close_f64(out, zero_filled):
                 return ("you filled the padding with 0 before the maximum; with negative features 0 wins: fill it "
                         "with -inf (or the dtype's lowest value)")
         return None

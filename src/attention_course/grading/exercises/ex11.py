@@ -22,11 +22,12 @@ import torch.nn.functional as F
 from attention_course.efficient import tiled_attention_step as reference_step
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
     first_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function
+from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
 
 PREAMBLE = """\
 import math
@@ -36,12 +37,6 @@ import torch.nn.functional as F
 """
 
 
-def _randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.randn(*shape, generator=g, dtype=dtype) * scale
-
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.float64)
 
 
 def _tuple_problem(output: Any, size: int, names: str) -> str | None:
@@ -59,7 +54,7 @@ def _dtype_problem(output: torch.Tensor, what: str, dtype: torch.dtype) -> str |
 # --- part 1: appending to a KV cache ---------------------------------------------------------------------
 def _append_cases(g: torch.Generator) -> list[Case]:
     def kv(batch: int, heads: int, length: int, d_k: int, d_v: int, dtype=torch.float32):
-        return _randn(g, batch, heads, length, d_k, dtype=dtype), _randn(g, batch, heads, length, d_v, dtype=dtype)
+        return randn(g, batch, heads, length, d_k, dtype=dtype), randn(g, batch, heads, length, d_v, dtype=dtype)
 
     return [
         Case("empty cache (None) and the first position", (None, None, *kv(2, 3, 1, 4, 4))),
@@ -78,9 +73,9 @@ def _verify_append(case: Case, output: Any) -> str | None:
     past = 0 if past_k is None else past_k.shape[-2]
 
     def order(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
-        if torch.equal(_f64(actual), _f64(expected)):
+        if torch.equal(f64(actual), f64(expected)):
             return None
-        if past and torch.equal(_f64(actual[..., :new_k.shape[-2], :]), _f64(expected[..., past:, :])):
+        if past and torch.equal(f64(actual[..., :new_k.shape[-2], :]), f64(expected[..., past:, :])):
             return f"your {what} start with the new positions: the cached ones must come first (oldest first)"
         return (f"your {what} differ from the cached {what} followed by the new ones along the length "
                 "dimension (dim -2)")
@@ -107,26 +102,26 @@ def _online_cases(g: torch.Generator) -> list[Case]:
     def start(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.full(shape, -math.inf, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
-    previous = _randn(g, 4, 6, scale=2.0)
-    growing = _randn(g, 4, 5, scale=2.0)
+    previous = randn(g, 4, 6, scale=2.0)
+    growing = randn(g, 4, 5, scale=2.0)
     growing[0] += 5.0  # row 0's maximum grows in this block, row 1's cannot
     growing[1] -= 10.0
-    huge_previous, huge_block = 1e4 + _randn(g, 3, 4), 1e4 + _randn(g, 3, 4, scale=3.0)
-    masked_previous, masked_block = _randn(g, 3, 5), _randn(g, 3, 6)
+    huge_previous, huge_block = 1e4 + randn(g, 3, 4), 1e4 + randn(g, 3, 4, scale=3.0)
+    masked_previous, masked_block = randn(g, 3, 5), randn(g, 3, 6)
     masked_block[0, :3] = -math.inf
     masked_block[1, :] = -math.inf  # a fully masked block: the state must not change
     never_seen = torch.full((2, 3), -math.inf)
     never_seen[1, 0] = 0.5
-    batched_previous = _randn(g, 2, 3, 4)
-    double_previous = _randn(g, 3, 7, dtype=torch.float64)
+    batched_previous = randn(g, 2, 3, 4)
+    double_previous = randn(g, 3, 7, dtype=torch.float64)
     return [
-        Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), _randn(g, 4, 8))),
+        Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), randn(g, 4, 8))),
         Case("a second block: state from 6 earlier scores, 5 new ones", (*_state_after(previous), growing),
              data={"previous": previous}),
-        Case("a block of a single score per row", (*_state_after(previous), _randn(g, 4, 1)),
+        Case("a block of a single score per row", (*_state_after(previous), randn(g, 4, 1)),
              data={"previous": previous}),
         Case("leading dimensions: state (2, 3), scores (2, 3, 5)", (*_state_after(batched_previous),
-                                                                   _randn(g, 2, 3, 5)),
+                                                                   randn(g, 2, 3, 5)),
              data={"previous": batched_previous}),
         Case("scores around 1e4 (overflow test)", (*_state_after(huge_previous), huge_block),
              data={"previous": huge_previous, "stability": True}),
@@ -135,7 +130,7 @@ def _online_cases(g: torch.Generator) -> list[Case]:
              data={"previous": masked_previous}),
         Case("a row that has seen no score yet and gets only -inf (must stay -inf, 0, not NaN)",
              (*start(2), never_seen)),
-        Case("float64 keeps its dtype", (*_state_after(double_previous), _randn(g, 3, 4, dtype=torch.float64)),
+        Case("float64 keeps its dtype", (*_state_after(double_previous), randn(g, 3, 4, dtype=torch.float64)),
              data={"previous": double_previous}),
     ]
 
@@ -143,17 +138,17 @@ def _online_cases(g: torch.Generator) -> list[Case]:
 def _verify_online(case: Case, output: Any) -> str | None:
     running_max, running_sum, scores = case.args
     shape = running_max.shape
-    m, s = _f64(running_max), _f64(scores)
+    m, s = f64(running_max), f64(scores)
     expected_max = torch.maximum(m, s.amax(dim=-1))
     # m' + log ℓ' must be the log-sum-exp of everything seen: the old state's and the new block's.
-    old_lse = m + torch.log(_f64(running_sum))
+    old_lse = m + torch.log(f64(running_sum))
     total_lse = torch.logaddexp(old_lse, torch.logsumexp(s, dim=-1))
     shift = torch.where(torch.isneginf(expected_max), torch.zeros_like(expected_max), expected_max)
     expected_sum = torch.exp(total_lse - shift)
     stability = " (subtract the new running maximum inside exp)" if case.data.get("stability") else ""
 
     def max_problem() -> str | None:
-        new_max = _f64(output[0])
+        new_max = f64(output[0])
         if torch.isnan(new_max).any():
             return "your running maximum contains NaN"
         if (new_max < m).any():
@@ -170,8 +165,8 @@ def _verify_online(case: Case, output: Any) -> str | None:
                                 "sum over all scores so far of exp(score - new maximum)", atol=1e-5, rtol=1e-4)
         if problem is None:
             return None
-        unscaled = _f64(running_sum) + torch.exp(s - shift[..., None]).sum(dim=-1)
-        if torch.allclose(_f64(output[1]), unscaled, atol=1e-5, rtol=1e-4):
+        unscaled = f64(running_sum) + torch.exp(s - shift[..., None]).sum(dim=-1)
+        if torch.allclose(f64(output[1]), unscaled, atol=1e-5, rtol=1e-4):
             return problem + "; the old sum must be rescaled by exp(old maximum - new maximum)"
         return problem
 
@@ -198,9 +193,9 @@ def _step_cases(g: torch.Generator) -> list[Case]:
 
     def case(name: str, batch: tuple, bq: int, bk_prev: int, bk: int, d_k: int, d_v: int, scale_q: float = 1.0,
              dtype=torch.float32, lower: bool = False) -> Case:
-        query = _randn(g, *batch, bq, d_k, scale=scale_q, dtype=dtype)
-        prev_k, prev_v = _randn(g, *batch, bk_prev, d_k, dtype=dtype), _randn(g, *batch, bk_prev, d_v, dtype=dtype)
-        key, value = _randn(g, *batch, bk, d_k, dtype=dtype), _randn(g, *batch, bk, d_v, dtype=dtype)
+        query = randn(g, *batch, bq, d_k, scale=scale_q, dtype=dtype)
+        prev_k, prev_v = randn(g, *batch, bk_prev, d_k, dtype=dtype), randn(g, *batch, bk_prev, d_v, dtype=dtype)
+        key, value = randn(g, *batch, bk, d_k, dtype=dtype), randn(g, *batch, bk, d_v, dtype=dtype)
         if lower:  # earlier keys include each query itself (score |q|²/√d_k > 0), new keys score about 0
             prev_k[..., :bq, :] = query
             key = key * 0.01
@@ -225,8 +220,8 @@ def _step_cases(g: torch.Generator) -> list[Case]:
 
 def _verify_step(case: Case, output: Any) -> str | None:
     accumulator, running_max, running_sum, query, key, value, scale = case.args
-    expected = reference_step(_f64(accumulator), _f64(running_max), _f64(running_sum), _f64(query), _f64(key),
-                              _f64(value), scale)
+    expected = reference_step(f64(accumulator), f64(running_max), f64(running_sum), f64(query), f64(key),
+                              f64(value), scale)
     names = ("your accumulator", "your running maximum", "your running sum")
 
     def shapes() -> str | None:
@@ -245,12 +240,12 @@ def _verify_step(case: Case, output: Any) -> str | None:
 
     def attention_so_far() -> str | None:
         # Property: after this step, O / ℓ is attention over every key seen so far (earlier block + this one).
-        keys, values = _f64(key), _f64(value)
+        keys, values = f64(key), f64(value)
         if "previous_key" in case.data:
-            keys = torch.cat([_f64(case.data["previous_key"]), keys], dim=-2)
-            values = torch.cat([_f64(case.data["previous_value"]), values], dim=-2)
-        reference = F.scaled_dot_product_attention(_f64(query), keys, values, scale=scale)
-        ratio = _f64(output[0]) / _f64(output[2])[..., None]
+            keys = torch.cat([f64(case.data["previous_key"]), keys], dim=-2)
+            values = torch.cat([f64(case.data["previous_value"]), values], dim=-2)
+        reference = F.scaled_dot_product_attention(f64(query), keys, values, scale=scale)
+        ratio = f64(output[0]) / f64(output[2])[..., None]
         return close_problem(ratio, reference, "accumulator / running sum",
                              "F.scaled_dot_product_attention over all keys seen so far", atol=1e-4, rtol=1e-4)
 
@@ -276,8 +271,8 @@ def _verify_step(case: Case, output: Any) -> str | None:
 def _tiled_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: tuple, q_len: int, k_len: int, d_k: int, d_v: int, block: int,
              scale_q: float = 1.0, dtype=torch.float32, memory: bool = False) -> Case:
-        query = _randn(g, *batch, q_len, d_k, scale=scale_q, dtype=dtype)
-        key, value = _randn(g, *batch, k_len, d_k, dtype=dtype), _randn(g, *batch, k_len, d_v, dtype=dtype)
+        query = randn(g, *batch, q_len, d_k, scale=scale_q, dtype=dtype)
+        key, value = randn(g, *batch, k_len, d_k, dtype=dtype), randn(g, *batch, k_len, d_v, dtype=dtype)
         return Case(name, (query, key, value, block), data={"memory": memory})
 
     return [
@@ -324,7 +319,7 @@ def _verify_tiled(case: Case, output: Any) -> str | None:
         if not isinstance(output, tuple) or len(output) != 2:
             return "expected your function to return the output tensor"
         output, largest = output
-    expected = F.scaled_dot_product_attention(_f64(query), _f64(key), _f64(value))
+    expected = F.scaled_dot_product_attention(f64(query), f64(key), f64(value))
 
     def memory() -> str | None:
         # Allowed: the inputs' and the output's sizes, and tiles of (block, block) scores (with some slack).
