@@ -210,3 +210,26 @@ def test_files_that_are_not_notebooks_get_a_clear_message(graded, name, phrase):
 def test_checkpoints_are_skipped_and_nothing_crashed(graded):
     assert "raises-checkpoint.ipynb" not in graded["results"]
     assert "Traceback" not in graded["stdout"] + graded["stderr"]
+
+
+def test_output_limit_blames_the_cell_that_printed_even_when_the_grader_looks_late(tmp_path, monkeypatch):
+    """The printing cell finishes long before the grader's next look at the log: the blame must not move on.
+
+    With a one-second poll the worker has run every later cell and part by then; without the worker's own
+    check before each step, the printing part kept its marks and a later one lost them (a CI failure).
+    """
+    from attention_course.grading import sandbox
+    from attention_course.grading.grader import grade_notebook
+
+    monkeypatch.setattr(sandbox, "_POLL", 1.0)
+    nb = nbformat.read(EX02, as_version=4)
+    prepend("hard_attention_weights", "print('x' * 3_000_000)")(nb)
+    path = tmp_path / "prints_late.ipynb"
+    nbformat.write(nb, path)
+    result = grade_notebook(path, timeout=TIMEOUT, seed=0)
+    scores = {verdict.part: (verdict.score, verdict.max_score, verdict.message) for verdict in result.parts}
+    assert scores["hard_attention_weights"][0] == 0
+    assert "printed more than" in scores["hard_attention_weights"][2]
+    for part in [p for p in PARTS if p != "hard_attention_weights"]:
+        score, max_score, message = scores[part]
+        assert score == max_score, (part, message)

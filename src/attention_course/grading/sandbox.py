@@ -6,7 +6,8 @@ that the learner's child processes die with it), feeds it a job file, and watche
 
 - every step (a cell, a part) has ``timeout`` seconds; a step that runs longer is killed;
 - the process's combined stdout and stderr go to a file; a process that prints more than
-  ``output_limit`` bytes is killed;
+  ``output_limit`` bytes is killed (and the worker, which knows the limit too, stops itself before
+  announcing another step, so a fast cell that printed too much is blamed even between two polls);
 - a process that dies (``os._exit``, a signal, a crash) or is killed loses only the step it was in: the
   grader starts a fresh process for the remaining parts, skipping a cell that hung or crashed. Outcomes
   of parts finished before the crash are kept.
@@ -183,7 +184,7 @@ def run_parts(
         if not remaining:
             break
         job = Job(exercise_id, preamble, [cell for cell in cells if cell[0] not in skipped], remaining,
-                  file_size_limit=output_limit + _RESULT_ALLOWANCE)
+                  file_size_limit=output_limit + _RESULT_ALLOWANCE, output_limit=output_limit)
         with tempfile.TemporaryDirectory(prefix="attention-course-grading-", ignore_cleanup_errors=True) as tmp:
             job_dir = Path(tmp)
             attempt = _attempt(job, timeout, output_limit, job_dir)

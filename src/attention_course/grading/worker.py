@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Job", "main"]
+from attention_course.grading.launcher import OUTPUT_LOG
+
+__all__ = ["Job", "STATUS_OUTPUT_LIMIT", "main"]
 
 
 @dataclass
@@ -37,6 +39,8 @@ class Job:
         cells: ``(cell index in the notebook, part name, source)`` in notebook order.
         parts: ``(part name, cases)`` in the order to run them.
         file_size_limit: the largest file (output log included) the worker may write, in bytes.
+        output_limit: bytes of output allowed; past it the worker stops before its next step (None: no
+            limit of its own, the grader's watch only).
     """
 
     exercise_id: str
@@ -44,15 +48,40 @@ class Job:
     cells: list[tuple[int, str, str]]
     parts: list[tuple[str, list[Any]]]
     file_size_limit: int = 100_000_000
+    output_limit: int | None = None
+
+
+#: Exit status of a worker that stopped itself because its output passed the job's ``output_limit``.
+STATUS_OUTPUT_LIMIT = 3
 
 
 class _Events:
-    """Appends one JSON object per line to ``events.jsonl`` and flushes it at once."""
+    """Appends one JSON object per line to ``events.jsonl`` and flushes it at once.
 
-    def __init__(self, path: Path) -> None:
+    With an ``output_limit`` set, a step is announced only while the output log is within it. The grader
+    polls the log only every few milliseconds, and a fast cell can print megabytes and finish in less;
+    stopping here keeps the blame on the step that printed, not on whichever step the grader saw next.
+    """
+
+    def __init__(self, path: Path, output_log: Path) -> None:
         self._file = open(path, "a", encoding="utf-8")  # stays open for the worker's lifetime
+        self._output_log = output_log
+        self.output_limit: int | None = None
+
+    def _output_size(self) -> int:
+        for stream in {id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}.values():
+            try:
+                stream.flush()
+            except Exception:  # a stream the learner's code replaced or closed
+                pass
+        try:
+            return self._output_log.stat().st_size
+        except OSError:
+            return 0
 
     def __call__(self, step: str, **fields: Any) -> None:
+        if self.output_limit is not None and self._output_size() > self.output_limit:
+            os._exit(STATUS_OUTPUT_LIMIT)
         self._file.write(json.dumps({"step": step, **fields}) + "\n")
         self._file.flush()
 
@@ -125,9 +154,10 @@ def _save(path: Path, outcomes: list[dict[str, Any]]) -> None:
 
 
 def run(job_dir: Path) -> int:
-    events = _Events(job_dir / "events.jsonl")
+    events = _Events(job_dir / "events.jsonl", job_dir / OUTPUT_LOG)
     events("start", pid=os.getpid())
     job: Job = pickle.loads((job_dir / "job.pkl").read_bytes())
+    events.output_limit = job.output_limit
 
     import functools
 
