@@ -399,7 +399,6 @@ def evaluate_translations(
     return {"exact_match": exact, "bleu": bleu, "hypotheses": hypotheses}
 
 
-
 @torch.no_grad()
 def teacher_forced_exact_match(model: nn.Module, src: Tensor, tgt: Tensor, pad_id: int) -> float:
     """Fraction of sentences whose every next-token argmax is right when the decoder is fed the reference.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from tests.notebooks.notebook_files import ROOT
@@ -43,8 +45,6 @@ def test_readme_shows_the_site_with_a_committed_screenshot():
 
 
 def test_readme_badges_show_this_repository_build_and_open_a_lesson_in_colab(repository_url):
-    import re
-
     readme = (ROOT / "README.md").read_text()
     badges = dict((image, link) for image, link in re.findall(r"\[!\[[^\]]+\]\(([^)]+)\)\]\(([^)]+)\)", readme))
     workflow = f"{repository_url}/actions/workflows/book.yml"

@@ -223,4 +223,3 @@ def make_phrase_split(
     train = [sentences[i] for i in order[:num_train]]
     test = [sentences[i] for i in order[num_train:num_train + num_test]]
     return _make_task(train), _make_task(test)
-

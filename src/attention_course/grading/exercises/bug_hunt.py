@@ -36,7 +36,6 @@ from torch import nn
 """
 
 
-
 def _projection(g: torch.Generator, d_model: int) -> torch.Tensor:
     """A (d_model, d_model) weight in row convention (x @ w), scaled to keep activations near unit size."""
     return randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model))

@@ -36,7 +36,6 @@ import torch.nn.functional as F
 """
 
 
-
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
     """A random permutation of n >= 3 items that is not its own inverse (so p and p⁻¹ cannot be confused)."""
     while True:

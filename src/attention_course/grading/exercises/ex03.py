@@ -39,7 +39,6 @@ import torch.nn.functional as F
 """
 
 
-
 def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> torch.Tensor:
     """Small integers stored as floats: their dot products are exact, so ties are exact in any order of sums."""
     return torch.randint(low, high, shape, generator=g).to(torch.float32)

@@ -12,6 +12,7 @@ References are computed in float64 in the checking process with PyTorch (``torch
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.grading.compare import (
+    close_f64,
     close_problem,
     f64,
     finite_problem,
@@ -40,14 +42,12 @@ import torch.nn.functional as F
 """
 
 
-
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
     """A random permutation of n >= 2 items that is not the identity (so reordering is really tested)."""
     while True:
         perm = torch.randperm(n, generator=g)
         if not torch.equal(perm, torch.arange(n)):
             return perm
-
 
 
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
@@ -68,9 +68,8 @@ def _pair_problem(output: Any, first: str, second: str) -> str | None:
     return None
 
 
-def _matches(actual: torch.Tensor, expected: torch.Tensor) -> bool:
-    return tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(f64(actual), expected, atol=1e-5, rtol=1e-4))
+# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
+_matches = functools.partial(close_f64, atol=1e-5, rtol=1e-4)
 
 
 def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
@@ -116,19 +115,15 @@ def _projection_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-
-
-
-
 def _verify_projection(case: Case, output: Any) -> str | None:
     X, W_Q, W_K, W_V = case.args
     if case.data.get("error") == "dk":
         return value_error_problem(output, (W_Q.shape[1], W_K.shape[1]),
-                              f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
-                              "queries and keys must share d_k")
+                                   f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
+                                   "queries and keys must share d_k")
     if case.data.get("error") == "rows":
         return value_error_problem(output, (X.shape[-1], W_Q.shape[0]),
-                              f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows")
+                                   f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows")
     problem = first_problem(
         lambda: None if isinstance(output, (tuple, list)) and len(output) == 3 else
         "expected a tuple (Q, K, V) of 3 tensors",

@@ -38,8 +38,6 @@ import torch.nn.functional as F
 """
 
 
-
-
 def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torch.Tensor:
     """A random boolean mask (True = may attend); with ``keep_one`` every row allows at least one key."""
     mask = torch.rand(*shape, generator=g) > 0.4

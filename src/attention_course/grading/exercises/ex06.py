@@ -15,6 +15,7 @@ projection, averaged weights, inverted masks and untransposed ``in_proj_weight``
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from attention_course.grading.compare import (
+    close_f64,
     close_problem,
     f64,
     finite_problem,
@@ -46,15 +48,8 @@ from torch import nn
 PARAM_NAMES = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
 
-
-
-def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
-    return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(f64(actual), f64(expected), atol=atol, rtol=1e-4))
-
-
-
-
+# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
+_matches = functools.partial(close_f64, atol=1e-5, rtol=1e-4)
 
 
 # --- part 1: split heads -------------------------------------------------------------------------------

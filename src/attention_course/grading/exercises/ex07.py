@@ -15,12 +15,14 @@ cosine swapped, sines and cosines concatenated instead of interleaved, rotations
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import torch
 
 from attention_course.grading.compare import (
+    close_f64,
     close_problem,
     f64,
     finite_problem,
@@ -40,20 +42,14 @@ import torch.nn.functional as F
 """
 
 
-
-def _matches(actual: Any, expected: torch.Tensor, atol: float = 1e-4) -> bool:
-    return isinstance(actual, torch.Tensor) and tuple(actual.shape) == tuple(expected.shape) and bool(
-        torch.allclose(f64(actual), f64(expected), atol=atol, rtol=1e-4))
+# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
+_matches = functools.partial(close_f64, atol=1e-4, rtol=1e-4)
 
 
 def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
     """Angular speeds 10000^(-2i/d) for the d/2 pairs i = first_pair .. first_pair + d/2 - 1, float64."""
     i = torch.arange(first_pair, first_pair + d_model // 2, dtype=torch.float64)
     return 10000.0 ** (-2 * i / d_model)
-
-
-
-
 
 
 # --- part 1: the sinusoidal encoding of given positions -----------------------------------------------
@@ -291,7 +287,7 @@ def _verify_embed(case: Case, output: Any) -> str | None:
     d = weight.shape[1]
     if case.data.get("error"):
         return value_error_problem(output, (L, pe.shape[0]),
-                              f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
+                                   f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
     embedded = f64(weight)[tokens]  # (B, L, d)
     positions = f64(pe[:L])  # (L, d)
     expected = embedded * math.sqrt(d) + positions  # before dropout

@@ -40,9 +40,6 @@ from torch import nn
 """
 
 
-
-
-
 def _reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return F.layer_norm(f64(x), (x.shape[-1],), f64(weight), f64(bias), eps)
 

@@ -39,9 +39,6 @@ import attention_course as ac
 """
 
 
-
-
-
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
     while True:
         perm = torch.randperm(n, generator=g)

@@ -37,8 +37,6 @@ import torch.nn.functional as F
 """
 
 
-
-
 def _tuple_problem(output: Any, size: int, names: str) -> str | None:
     if not isinstance(output, (tuple, list)) or len(output) != size:
         got = f"a {type(output).__name__} of length {len(output)}" if isinstance(output, (tuple, list)) else \
