@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attention_course.masks import causal_mask, padding_mask
 
-__all__ = ["beam_search", "greedy_decode", "sequence_log_probs"]
+__all__ = ["beam_search", "greedy_decode", "length_penalty_factor", "sequence_log_probs"]
 
 
 def _check_common(src: Tensor, max_len: int, bos_id: int, eos_id: int) -> None:
@@ -94,6 +94,15 @@ def _generated_length(tokens: Tensor, eos_id: int) -> Tensor:
     return torch.where(is_eos.any(dim=1), first_eos + 1, first_eos)
 
 
+def length_penalty_factor(length: Tensor | float, alpha: float) -> Tensor | float:
+    """The length penalty of Wu et al. (2016): ``lp = ((5 + length) / 6) ** alpha``.
+
+    A hypothesis of ``length`` generated tokens (eos included) and log-probability ``s`` scores ``s / lp``.
+    ``alpha = 0`` gives ``lp = 1``: plain log-probability, which favours short outputs.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
 @torch.no_grad()
 def beam_search(
     model: nn.Module,
@@ -106,22 +115,34 @@ def beam_search(
     src_mask: Tensor | None = None,
     length_penalty: float = 0.0,
 ) -> Tensor:
-    """Translate by keeping the ``beam_size`` most probable prefixes at every step; return the best one.
+    """Translate with beam search as in Wu et al. (2016) and the Transformer paper; return the best output.
 
-    At each step every live prefix is extended by every token, and the ``beam_size`` extensions with the
-    highest total log-probability survive (per sentence; the whole batch is searched at once, as
-    ``B * beam_size`` rows). A finished prefix stays in the beam with its score frozen. At the end the
-    hypotheses are ranked by ``log p / lp``, with the length penalty of Wu et al. (2016)
-    ``lp = ((5 + length) / 6) ** length_penalty``, where ``length`` counts the generated tokens, eos
-    included. ``length_penalty = 0`` ranks by log-probability, which favours short outputs; values near 0.6
-    to 1 counter that. The penalty only re-ranks the final beams; pruning uses log-probabilities.
+    The search keeps two sets per sentence (the whole batch is searched at once, as ``B * beam_size`` rows):
 
-    With ``beam_size=1`` this is exactly :func:`greedy_decode`.
+    - ``beam_size`` **live** prefixes, which have not produced eos. At each step every live prefix is
+      extended by every token, and of the ``2 * beam_size`` extensions with the highest log-probability,
+      those that end in eos become finished, and the best ``beam_size`` of the others stay live. (Among
+      ``2k`` candidates at most ``k`` end in eos, so ``k`` live ones always remain.)
+    - the **finished** hypotheses, compared by their length-normalised score ``log p / lp`` with
+      ``lp = ((5 + length) / 6) ** length_penalty``, where ``length`` counts the generated tokens, eos
+      included. Only the best finished hypothesis is needed, so only it is kept.
+
+    Finished hypotheses never take a live slot, so a longer hypothesis whose normalised score is better
+    is not pruned by shorter ones that compete on raw log-probability. The search stops for a sentence
+    when no live prefix can still beat its best finished hypothesis: a live prefix's log-probability
+    ``s <= 0`` can only fall, and ``lp`` is largest at ``max_len``, so ``s / lp(max_len)`` bounds
+    everything it can still become. After ``max_len`` new tokens the live prefixes compete as they are
+    (cut at ``max_len``, without eos). With a beam wide enough to keep every prefix, the search is exact:
+    it returns the sequence with the best normalised score.
+
+    With ``beam_size=1`` and ``length_penalty=0`` the result is at least as probable as
+    :func:`greedy_decode`'s: the greedy path stays live, and a finished hypothesis met on the way wins
+    only if it is more probable.
 
     Args:
         model, src, max_len, bos_id, eos_id, pad_id, src_mask: as for :func:`greedy_decode`.
-        beam_size: prefixes kept per sentence.
-        length_penalty: exponent of the length penalty (0: none).
+        beam_size: live prefixes kept per sentence.
+        length_penalty: the exponent ``alpha`` of the length penalty (0: none; the paper uses 0.6).
 
     Returns:
         ``(B, T)`` token ids of the best hypothesis per sentence, starting with ``bos_id``; after eos,
@@ -140,32 +161,58 @@ def beam_search(
     if src_mask is not None and src_mask.dim() == 4 and src_mask.size(0) == batch and batch > 1:
         src_mask = src_mask.repeat_interleave(k, dim=0)  # (B*k, 1, 1, Ls)
     tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B*k, 1)
-    # Only the first beam is alive at the start: k copies of the same bos would fill the beam with duplicates.
-    scores = torch.full((batch, k), float("-inf"), device=device)
+    # Only the first beam is alive at the start: k copies of bos would fill the beam with duplicates.
+    scores = torch.full((batch, k), float("-inf"), device=device)  # raw log-probs of the live prefixes
     scores[:, 0] = 0.0
-    finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
     row_offset = torch.arange(batch, device=device)[:, None] * k  # (B, 1): first row of each sentence
+    best_score = torch.full((batch,), float("-inf"), device=device)  # best finished, normalised
+    best_tokens = torch.full((batch, max_len + 1), fill, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    bound_lp = length_penalty_factor(float(max_len), length_penalty)
 
-    for _ in range(max_len):
-        logits = model.decode(tokens, memory, causal_mask(tokens.size(1), device=device), src_mask)[:, -1]
-        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B*k, V)
+    for step in range(1, max_len + 1):  # step = generated length after this step, eos included
+        logits = model.decode(tokens, memory, causal_mask(tokens.size(1), device=device), src_mask)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*k, V)
         vocab = log_probs.size(-1)
-        # A finished prefix has one continuation, the fill token, which costs nothing.
-        log_probs[finished] = float("-inf")
-        log_probs[finished, fill] = 0.0
         candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)  # (B, k*V)
-        scores, index = candidates.topk(k, dim=-1)  # (B, k) each
-        parent = (row_offset + index // vocab).view(-1)  # (B*k,): the row each survivor extends
-        next_token = (index % vocab).view(-1, 1)  # (B*k, 1)
-        tokens = torch.cat([tokens[parent], next_token], dim=1)
-        finished = finished[parent] | (next_token[:, 0] == eos_id)
-        if bool(finished.all()):
-            break
+        top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=-1)  # (B, 2k), sorted
+        top_parent = row_offset + top_index // vocab  # (B, 2k): the row each candidate extends
+        top_token = top_index % vocab
+        ends = (top_token == eos_id) & torch.isfinite(top_scores)
 
-    lengths = _generated_length(tokens, eos_id).view(batch, k).to(scores.dtype)
-    ranked = scores / ((5.0 + lengths) / 6.0) ** length_penalty  # (B, k)
-    best = row_offset[:, 0] + ranked.argmax(dim=-1)  # (B,)
-    return tokens[best]
+        # Finished candidates: compare their normalised scores with the best finished so far.
+        normalised = top_scores / length_penalty_factor(float(step), length_penalty)
+        normalised = torch.where(ends, normalised, float("-inf"))
+        new_best, which = normalised.max(dim=-1)  # (B,)
+        improves = (new_best > best_score) & ~done
+        if bool(improves.any()):
+            parent = top_parent.gather(1, which[:, None])[:, 0]  # (B,)
+            finished = torch.cat([tokens[parent], torch.full_like(parent, eos_id)[:, None]], dim=1)
+            best_tokens[improves, : step + 1] = finished[improves]
+            best_score = torch.where(improves, new_best, best_score)
+
+        # Live candidates: the best k extensions that do not end in eos.
+        live_scores = torch.where(top_token == eos_id, float("-inf"), top_scores)
+        scores, pick = live_scores.topk(k, dim=-1)  # (B, k)
+        parent = top_parent.gather(1, pick).view(-1)  # (B*k,)
+        tokens = torch.cat([tokens[parent], top_token.gather(1, pick).view(-1, 1)], dim=1)
+
+        # Stop a sentence when no live prefix can beat its best finished hypothesis.
+        bound = scores.max(dim=-1).values / bound_lp  # (B,)
+        done |= best_score >= bound
+        if bool(done.all()):
+            break
+    else:  # max_len reached: the live prefixes, cut without eos, compete as they are
+        cut = scores / length_penalty_factor(float(max_len), length_penalty)  # (B, k)
+        cut_best, which = cut.max(dim=-1)
+        improves = (cut_best > best_score) & ~done
+        rows = (row_offset[:, 0] + which)[improves]
+        best_tokens[improves] = tokens[rows]
+        best_score = torch.where(improves, cut_best, best_score)
+
+    # Drop the columns after the longest returned hypothesis (only filler there).
+    length = int(_generated_length(best_tokens, eos_id).max()) + 1
+    return best_tokens[:, :length]
 
 
 @torch.no_grad()

@@ -8,7 +8,12 @@ import torch
 from torch import Tensor, nn
 
 from attention_course import Transformer
-from attention_course.decoding import beam_search, greedy_decode, sequence_log_probs
+from attention_course.decoding import (
+    beam_search,
+    greedy_decode,
+    length_penalty_factor,
+    sequence_log_probs,
+)
 from attention_course.training import TorchTranslator
 
 PAD, BOS, EOS = 0, 1, 2
@@ -65,19 +70,36 @@ def hashed_logits(vocab: int, seed: int):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_of_one_equals_greedy(seed):
+def test_beam_of_one_is_at_least_as_probable_as_greedy(seed):
+    """The greedy path stays live in a beam of one; a finished hypothesis met on the way wins only if better."""
     model, src = random_model(seed=seed), random_source(seed=seed + 10)
     greedy = greedy_decode(model, src, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
     beam = beam_search(model, src, beam_size=1, max_len=10, bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    assert torch.equal(greedy, beam)
-    assert (greedy[:, 0] == BOS).all() and greedy.size(1) <= 11
+    assert (beam[:, 0] == BOS).all() and beam.size(1) <= 11
+    greedy_score = sequence_log_probs(model, src, greedy, EOS, pad_id=PAD)
+    beam_score = sequence_log_probs(model, src, beam, EOS, pad_id=PAD)
+    assert (beam_score >= greedy_score - 1e-9).all()
+    for row in range(src.size(0)):  # same score means the same sequence
+        if math.isclose(beam_score[row].item(), greedy_score[row].item(), abs_tol=1e-9):
+            assert trim(beam[row].tolist()) == trim(greedy[row].tolist())
 
 
-def test_beam_of_one_equals_greedy_for_the_torch_model_and_without_padding():
+def test_beam_of_one_equals_greedy_when_greedy_meets_no_better_finished_hypothesis():
+    # eos is never among the two best tokens before the greedy path ends: the beam of one is greedy.
+    model = TableModel(scripted_table({(BOS,): {3: 0.6, 4: 0.3}, (BOS, 3): {4: 0.7, 3: 0.2},
+                                       (BOS, 3, 4): {EOS: 0.8}}))
+    src = torch.zeros(1, 2, dtype=torch.long)
+    greedy = greedy_decode(model, src, 6, BOS, EOS, pad_id=PAD)
+    assert torch.equal(beam_search(model, src, 1, 6, BOS, EOS, pad_id=PAD), greedy)
+    assert greedy.tolist() == [[BOS, 3, 4, EOS]]
+
+
+def test_beam_of_one_runs_the_torch_model_without_padding():
     model = random_model(seed=3, cls=TorchTranslator)
     src = random_source(seed=4)[:1]  # one unpadded sentence, no pad_id given
     greedy = greedy_decode(model, src, max_len=8, bos_id=BOS, eos_id=EOS)
-    assert torch.equal(greedy, beam_search(model, src, 1, 8, BOS, EOS))
+    beam = beam_search(model, src, 1, 8, BOS, EOS)
+    assert sequence_log_probs(model, src, beam, EOS) >= sequence_log_probs(model, src, greedy, EOS) - 1e-9
 
 
 def test_greedy_on_a_batch_equals_greedy_one_sentence_at_a_time():
@@ -200,6 +222,92 @@ def test_rows_finishing_at_different_steps_in_one_batch():
             lengths.append(12)
     assert out.size(1) == max(lengths) + 1  # decoding ran exactly until the last row finished
     assert len(set(lengths)) > 1  # the rows did finish at different steps
+
+
+def normalised(model, sequence, alpha):
+    """log p(sequence) / lp(length), the score beam search compares; length counts tokens after bos."""
+    total = 0.0
+    for t in range(1, len(sequence)):
+        total += torch.log_softmax(model.table(sequence[:t]), -1)[sequence[t]].item()
+    return total / length_penalty_factor(len(sequence) - 1, alpha)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_wide_beam_matches_exhaustive_search_with_a_length_penalty(seed, alpha):
+    vocab, max_len = 4, 4
+    model = TableModel(hashed_logits(vocab, seed))
+    src = torch.zeros(1, 2, dtype=torch.long)
+    best = max(all_sequences(vocab, max_len), key=lambda seq: normalised(model, seq, alpha))
+    found = beam_search(model, src, vocab**max_len, max_len, BOS, EOS, length_penalty=alpha)
+    assert trim(found[0].tolist()) == best
+    # A narrow beam never exceeds the optimum.
+    narrow = beam_search(model, src, 2, max_len, BOS, EOS, length_penalty=alpha)
+    assert normalised(model, trim(narrow[0].tolist()), alpha) <= normalised(model, best, alpha) + 1e-12
+
+
+def exhaustive_best(model, max_len, alpha):
+    """The output with the best normalised score, by visiting every prefix once (depth first)."""
+    best, best_score = None, -math.inf
+    stack = [((BOS,), 0.0)]
+    while stack:
+        prefix, total = stack.pop()
+        log_probs = torch.log_softmax(model.table(prefix), -1).tolist()
+        for token, log_p in enumerate(log_probs):
+            sequence, score = prefix + (token,), total + log_p
+            length = len(sequence) - 1
+            if token == EOS or length == max_len:  # finished, or cut at max_len
+                if score / length_penalty_factor(length, alpha) > best_score:
+                    best, best_score = sequence, score / length_penalty_factor(length, alpha)
+            else:
+                stack.append((sequence, score))
+    return best
+
+
+def long_better_toy():
+    """The toy of issue 15: <eos> at once (p = 0.4) against a^7 <eos>, less probable but longer.
+
+    After bos: eos 0.40, a 0.59. After a: eos 0.50, a 0.481 (so "a eos" beats "a a" on raw log-probability).
+    After a^2 ... a^6: a 0.979. After a^7: eos 0.979.
+    """
+    a = 3
+    script = {(BOS,): {EOS: 0.40, a: 0.59}, (BOS, a): {EOS: 0.50, a: 0.481}}
+    for n in range(2, 7):
+        script[(BOS,) + (a,) * n] = {a: 0.979}
+    script[(BOS,) + (a,) * 7] = {EOS: 0.979}
+    return TableModel(scripted_table(script, vocab=4)), (BOS,) + (a,) * 7 + (EOS,)
+
+
+def test_finished_hypotheses_do_not_take_live_slots():
+    model, long = long_better_toy()
+    src = torch.zeros(1, 2, dtype=torch.long)
+    assert model.table((BOS,)).numel() == 4  # pad, bos, eos, a
+    assert math.isclose(normalised(model, (BOS, EOS), 0.6), -0.916, abs_tol=5e-4)
+    assert math.isclose(normalised(model, long, 0.6), -0.872, abs_tol=5e-4)
+    # A search whose finished hypotheses compete for the k = 2 slots on raw log-probability keeps
+    # "<eos>" and "a <eos>" after two steps, stops, and returns "<eos>" (-0.916). The live beam
+    # keeps "a a" instead and reaches a^7 <eos> (-0.872).
+    found = beam_search(model, src, 2, 12, BOS, EOS, pad_id=PAD, length_penalty=0.6)
+    assert trim(found[0].tolist()) == long
+    # The same toy searched exhaustively (every output of up to 9 tokens) agrees.
+    assert exhaustive_best(model, 9, 0.6) == long
+    # Without the length penalty the most probable output is the short one, and the search finds it.
+    plain = beam_search(model, src, 2, 12, BOS, EOS, pad_id=PAD, length_penalty=0.0)
+    assert trim(plain[0].tolist()) == (BOS, EOS)
+
+
+def test_search_stops_when_no_live_prefix_can_win():
+    """After <eos> (p = 0.9) no live prefix can catch up: the search stops at once, not at max_len."""
+    calls = []
+
+    def table(prefix):
+        calls.append(prefix)
+        return scripted_table({(BOS,): {EOS: 0.9}}, vocab=5)(prefix)
+
+    model = TableModel(table)
+    out = beam_search(model, torch.zeros(1, 2, dtype=torch.long), 3, 50, BOS, EOS, pad_id=PAD)
+    assert out.tolist() == [[BOS, EOS]]
+    assert max(len(prefix) for prefix in calls) <= 2
 
 
 def test_length_penalty_reranks_finished_hypotheses():
