@@ -16,6 +16,7 @@ from attention_course.plotting import (
     show_figure,
     use_course_style,
 )
+from attention_course.interactive import Choice, Slider, Text, Toggle, interactive_figure
 from attention_course.runtime import get_device, on_gpu, seed_everything, workload
 
 # Chapter 2: from scores to weights

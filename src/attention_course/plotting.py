@@ -52,10 +52,11 @@ def use_course_style() -> None:
     """Set matplotlib defaults shared by every lesson: readable sizes, the Okabe–Ito colour cycle."""
     import matplotlib.pyplot as plt
 
+    _use_retina_inline_figures()
     plt.rcParams.update(
         {
             "figure.dpi": 100,
-            "savefig.dpi": 100,
+            "savefig.dpi": 200,  # files saved by the lessons are 2x as well
             "font.size": 10,
             "axes.titlesize": 11,
             "axes.labelsize": 10,
@@ -65,6 +66,25 @@ def use_course_style() -> None:
             "image.cmap": ATTENTION_CMAP,
         }
     )
+
+
+def _use_retina_inline_figures() -> None:
+    """In IPython, show inline figures as PNGs at twice their dpi, sized to display at 1x (sharp, same layout).
+
+    The PNG carries its 1x width and height as output metadata, which Jupyter, Colab and the book (MyST-NB)
+    use as the image's displayed size.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython ships with every notebook front end
+        return
+    if get_ipython() is None:
+        return
+    try:
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+    except ImportError:  # pragma: no cover - an old IPython without matplotlib-inline
+        return
+    set_matplotlib_formats("retina")
 
 
 def _as_matrix(weights: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -223,7 +243,15 @@ def show_figure(fig: Figure, alt: str) -> None:
     from IPython.display import HTML, display
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
+    # Twice the figure's dpi, shown at its 1x size: sharp on high-resolution screens, same layout everywhere.
+    fig.savefig(buffer, format="png", dpi=2 * fig.dpi, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
-    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
-    display(HTML(f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{encoded}"/>'))
+    data = buffer.getvalue()
+    width, height = int.from_bytes(data[16:20], "big") // 2, int.from_bytes(data[20:24], "big") // 2
+    encoded = base64.b64encode(data).decode("ascii")
+    display(
+        HTML(
+            f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{encoded}" '
+            f'width="{width}" height="{height}"/>'
+        )
+    )
