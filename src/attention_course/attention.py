@@ -13,6 +13,7 @@ Conventions used throughout the library:
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -57,35 +58,76 @@ def check_mask(mask: Tensor, scores_shape: torch.Size | tuple[int, ...]) -> None
 def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
     """Softmax over the last dimension of ``scores``, ignoring the keys where ``mask`` is False.
 
-    Masked scores are replaced by the most negative finite number of the dtype (not ``-inf``), so a row
-    with every key masked gives a finite, uniform softmax instead of ``0 / 0 = NaN``; such rows are then
-    set to zero. Values and gradients stay finite.
+    Masked scores are replaced by the most negative finite number (not ``-inf``), so a row with every key
+    masked gives a finite, uniform softmax instead of ``0 / 0 = NaN``; the weights of masked keys are then
+    set to exactly zero, which zeroes such rows and keeps masked keys at zero weight whatever the range of
+    the allowed scores. Values and gradients stay finite.
+
+    Half precision: ``float16`` and ``bfloat16`` scores are converted to ``float32`` for the softmax (as
+    PyTorch's own kernels accumulate it) and the weights are returned in the input dtype.
 
     Args:
-        scores: ``(..., Lq, Lk)`` attention scores.
+        scores: ``(..., Lq, Lk)`` attention scores, floating point.
         mask: optional boolean tensor broadcastable to ``scores``, True = may attend.
 
     Returns:
-        ``(..., Lq, Lk)`` weights: each row sums to one, or is all zeros if the row has no allowed key.
+        ``(..., Lq, Lk)`` weights in ``scores.dtype``: each row sums to one, or is all zeros if the row has
+        no allowed key.
+
+    Raises:
+        TypeError: ``scores`` is not a floating-point tensor, or ``mask`` is not boolean.
+        ValueError: ``mask`` does not broadcast to ``scores``.
     """
+    if not isinstance(scores, Tensor) or not scores.is_floating_point():
+        raise TypeError(f"scores must be a floating-point torch.Tensor, got {_describe(scores)}")
+    input_dtype = scores.dtype
+    scores = scores.to(_compute_dtype(input_dtype))  # float16/bfloat16 -> float32, else unchanged
     if mask is None:
-        return torch.softmax(scores, dim=-1)
+        return torch.softmax(scores, dim=-1).to(input_dtype)
     check_mask(mask, scores.shape)
     mask = mask.to(scores.device)  # a mask built on the CPU also works for a model on the GPU
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)
-    # A row with no allowed key: its softmax is uniform over blocked keys, which must not leak through.
-    has_any_key = mask.any(dim=-1, keepdim=True)  # (..., Lq or 1, 1)
-    return weights.masked_fill(~has_any_key, 0.0)
+    # Blocked keys get exactly zero. This covers a row with no allowed key (its softmax is uniform over
+    # blocked keys, which must not leak through) and allowed scores at or below the fill value.
+    return weights.masked_fill(~mask, 0.0).to(input_dtype)
+
+
+def _describe(x: object) -> str:
+    return f"a tensor of dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype softmax and its matrix products run in: float32 for half-precision inputs."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """Switch autocast off, so that the ``float32`` computation asked for is not cast back to half."""
+    if device.type in ("cpu", "cuda"):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if not tensor.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
         if tensor.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape "
                              f"{tuple(tensor.shape)}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(
+            f"query, key and value must share one dtype, got query {query.dtype}, key {key.dtype} and "
+            f"value {value.dtype}; convert them, for example with key.to(query.dtype)"
+        )
+    if not query.device == key.device == value.device:
+        raise ValueError(
+            f"query, key and value must be on one device, got query on {query.device}, key on {key.device} "
+            f"and value on {value.device}"
+        )
     if query.size(-1) != key.size(-1):
         raise ValueError(
             f"query and key must have the same feature size d_k, got query {tuple(query.shape)} "
@@ -136,10 +178,14 @@ def scaled_dot_product_attention(
         attention distribution before dropout (each row sums to one, or is all zeros for a fully masked
         row). With ``dropout_p > 0`` the output uses the dropped-out weights.
 
+    Half precision: with ``float16`` or ``bfloat16`` inputs the scores, the softmax and the weighted sum are
+    computed in ``float32`` (autocast is switched off inside) and both results are returned in the input
+    dtype, so large scores cannot overflow and masked keys never receive weight.
+
     Raises:
-        ValueError: mismatched ``d_k`` or ``Lk``, leading dimensions that do not broadcast, a mask that does not
-            broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
-        TypeError: a non-boolean mask.
+        ValueError: mismatched ``d_k`` or ``Lk``, leading dimensions that do not broadcast, inputs on different
+            devices, a mask that does not broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
+        TypeError: a non-boolean mask, or query, key and value of different (or non-floating-point) dtypes.
     """
     _check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
@@ -147,9 +193,15 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(query.size(-1))
 
-    # Scale the (Lq, d_k) queries rather than the (Lq, Lk) scores: same result, fewer multiplications.
-    scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., Lq, Lk)
-    weights = masked_softmax(scores, mask)  # (..., Lq, Lk)
-    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
-    output = torch.matmul(attended, value)  # (..., Lq, d_v)
-    return output, weights
+    # Half precision (float16/bfloat16, e.g. under autocast on a GPU): compute in float32 and round once at
+    # the end. In float16 the scores overflow beyond +-65504, and a masked key could then outweigh them.
+    dtype = query.dtype
+    compute = _compute_dtype(dtype)
+    with _without_autocast(query.device):
+        query, key, value = query.to(compute), key.to(compute), value.to(compute)
+        # Scale the (Lq, d_k) queries rather than the (Lq, Lk) scores: same result, fewer multiplications.
+        scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., Lq, Lk)
+        weights = masked_softmax(scores, mask)  # (..., Lq, Lk)
+        attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+        output = torch.matmul(attended, value)  # (..., Lq, d_v)
+    return output.to(dtype), weights.to(dtype)

@@ -45,9 +45,15 @@ class LayerNorm(nn.Module):
         """``x (..., d_model)`` -> normalised ``(..., d_model)``."""
         if x.dim() == 0 or x.size(-1) != self.d_model:
             raise ValueError(f"expected an input of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        # Half-precision inputs (float16/bfloat16, e.g. under autocast) are normalised in float32, as
+        # nn.LayerNorm does: in float16 a mean near 100 keeps only about 3 significant digits, and the
+        # deviations x - mean that remain would be mostly rounding error.
+        dtype = x.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            x = x.float()
         var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)  # (..., 1) each, biased variance
         x_hat = (x - mean) * torch.rsqrt(var + self.eps)
-        return x_hat * self.weight + self.bias
+        return (x_hat * self.weight.to(x.dtype) + self.bias.to(x.dtype)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"

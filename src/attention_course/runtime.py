@@ -26,8 +26,10 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Gener
 
     Args:
         seed: the seed; lessons use the default 0 unless they compare runs.
-        deterministic: also ask torch for deterministic kernels where they exist (warn-only, so that a
-            kernel without a deterministic version never raises inside a lesson).
+        deterministic: also ask for deterministic kernels where that costs the learner nothing. Without a
+            GPU, torch's deterministic-algorithms flag is set (warn-only, so that a kernel without a
+            deterministic version never raises inside a lesson). With a GPU, cuDNN and cuBLAS are made
+            deterministic but that flag is left off; see the comment in the code for why.
 
     Returns:
         A ``torch.Generator`` seeded with ``seed``, for code that wants a private stream of random numbers.
@@ -38,9 +40,17 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Gener
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
     if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        _use_deterministic_kernels()
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
         torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        # The global flag is set only where no GPU can run a kernel. On CUDA some kernels the lessons use
+        # (chapter 01's cross-entropy over (batch, classes, length) logits, scatter-adds in embedding
+        # backward passes) have no deterministic version: in warn-only mode they still run
+        # non-deterministically, so the flag would buy nothing there except a UserWarning printed under
+        # the learner's cell. On the CPU the flag selects deterministic variants and warns about nothing
+        # the course runs. GPU runs therefore promise equal results up to rounding, not bit for bit.
+        if not torch.cuda.is_available():
+            _use_deterministic_kernels()
     return torch.Generator().manual_seed(seed)
 
 
@@ -58,33 +68,73 @@ def _use_deterministic_kernels() -> None:
         set_kernel_flag(True, warn_only=True)
 
 
-def get_device(prefer: str | None = None) -> torch.device:
+def get_device(prefer: str | torch.device | None = None) -> torch.device:
     """The device lessons run on: CUDA when present, else CPU.
+
+    The device returned becomes the *course device*, the default of :func:`workload` and :func:`on_gpu`:
+    a learner who writes ``device = ac.get_device("cpu")`` on a GPU runtime gets CPU-sized work too.
 
     Args:
         prefer: ``"cpu"`` or ``"cuda"`` to override the choice (``"cuda"`` raises when there is no GPU).
             The environment variable ``ATTENTION_COURSE_DEVICE`` overrides it the same way, so a whole
             book build can be pinned to the CPU.
+
+    Returns:
+        ``torch.device("cuda")`` or ``torch.device("cpu")``.
+
+    Raises:
+        ValueError: an unknown device name, or ``"cuda"`` without a GPU.
     """
+    global _course_device
     choice = prefer or os.environ.get("ATTENTION_COURSE_DEVICE")
+    if isinstance(choice, torch.device):
+        choice = choice.type
     if choice is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if choice not in ("cpu", "cuda"):
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    elif choice not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {choice!r}")
-    if choice == "cuda" and not torch.cuda.is_available():
+    elif choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
-    return torch.device(choice)
+    else:
+        device = torch.device(choice)
+    _course_device = device
+    return device
 
 
-def on_gpu(device: torch.device | None = None) -> bool:
-    """Whether ``device`` (default: :func:`get_device`) is a GPU."""
-    return (device or get_device()).type == "cuda"
+_course_device: torch.device | None = None  # the last device get_device() returned
 
 
-def workload(cpu: T, gpu: T, device: torch.device | None = None) -> T:
+def _as_device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return _course_device if _course_device is not None else get_device()
+    if isinstance(device, str):
+        return torch.device(device)
+    if isinstance(device, torch.device):
+        return device
+    raise TypeError(f"device must be a torch.device, a string such as 'cpu', or None; got {device!r}")
+
+
+def on_gpu(device: torch.device | str | None = None) -> bool:
+    """Whether ``device`` is a GPU; by default the course device (the last :func:`get_device` result)."""
+    return _as_device(device).type == "cuda"
+
+
+def workload(cpu: T, gpu: T, device: torch.device | str | None = None) -> T:
     """Pick a work size by device: ``cpu`` keeps a lesson inside its CPU budget, ``gpu`` uses a free GPU.
 
+    Args:
+        cpu: the size for a CPU run.
+        gpu: the size for a GPU run.
+        device: the device the work will run on. Lessons pass the ``device`` they train on; the default
+            is the course device, the last one :func:`get_device` returned (not merely whether a GPU
+            exists), so choosing the CPU on a GPU runtime also chooses the CPU budget.
+
+    Returns:
+        ``gpu`` when ``device`` is a CUDA device, else ``cpu``.
+
     Example:
-        >>> steps = workload(cpu=300, gpu=3000)   # training steps
+        >>> steps = workload(cpu=300, gpu=3000, device=torch.device("cpu"))   # training steps
+        >>> steps
+        300
     """
     return gpu if on_gpu(device) else cpu

@@ -165,3 +165,87 @@ def test_masked_softmax_ignores_masked_scores():
     weights = masked_softmax(scores, mask)
     torch.testing.assert_close(weights[0], torch.softmax(torch.tensor([1.0, -1e9, 3.0]), -1))
     assert (weights[1] == 0).all()
+
+
+# Half precision: what a GPU run under autocast feeds the library.
+HALF_TOLERANCE = {torch.float16: 1.5e-3, torch.bfloat16: 1.2e-2}  # a few units in the last place of each dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_half_precision_is_as_accurate_as_torch(dtype, masked):
+    """Against a float64 reference on the same rounded inputs, the error is no worse than PyTorch's own."""
+    q, k, v = (t.to(dtype) for t in _qkv(4, 2, lq=16, lk=16, d_k=32, d_v=32, dtype=torch.float32, seed=3))
+    mask = causal_mask(16) if masked else None
+    reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    output, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    assert output.dtype == weights.dtype == dtype
+    ours = (output.double() - reference).abs().max().item()
+    theirs = (F.scaled_dot_product_attention(q, k, v, attn_mask=mask).double() - reference).abs().max().item()
+    assert ours <= HALF_TOLERANCE[dtype]
+    assert ours <= 1.1 * theirs + 1e-6, (ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_never_weights_a_masked_key_whatever_the_scores(dtype):
+    """Scores of -113,137 are below float16's range (-65,504): computed in float16 they would be -inf, below
+    the masked fill value, and the masked key would get all the weight."""
+    q = torch.full((1, 2, 8), 200.0)
+    k = torch.full((1, 3, 8), -200.0)
+    k[0, 2] = 200.0  # the masked key is the only one with a large positive score
+    v = torch.eye(3).unsqueeze(0)
+    mask = torch.tensor([[True, True, False]])
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    output, weights = scaled_dot_product_attention(q, k, v, mask=mask)
+    expected = torch.tensor([0.5, 0.5, 0.0], dtype=dtype).expand(1, 2, 3)
+    assert torch.equal(weights, expected) and torch.equal(output, expected)
+    torch.testing.assert_close(output, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    # Unmasked, the same out-of-range scores give a finite answer, not NaN.
+    output, weights = scaled_dot_product_attention(q, k[:, :2], v[:, :2])
+    assert torch.isfinite(output).all() and torch.equal(weights, torch.full((1, 2, 2), 0.5, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_masked_softmax_of_half_scores_is_computed_in_float32(dtype):
+    scores = torch.tensor([[1000.0, 1000.5, -60000.0, 3.0]]).to(dtype)
+    mask = torch.tensor([True, True, True, False])
+    weights = masked_softmax(scores, mask)
+    assert weights.dtype == dtype
+    expected = torch.softmax(scores[:, :3].float(), dim=-1).to(dtype)
+    assert torch.equal(weights[:, :3], expected) and weights[0, 3] == 0
+    # Every key blocked: zeros, as in float32.
+    assert torch.equal(masked_softmax(scores, torch.zeros(4, dtype=torch.bool)), torch.zeros_like(scores))
+
+
+def test_masked_key_gets_zero_weight_even_below_the_fill_value():
+    """An allowed score of -inf (an overflow upstream) must not hand the weight to a blocked key."""
+    scores = torch.tensor([[-float("inf"), 0.0, 5.0]])
+    weights = masked_softmax(scores, torch.tensor([True, True, False]))
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0, 0.0]]))
+
+
+def test_autocast_does_not_push_the_scores_back_to_half():
+    q, k, v = _qkv(2, lq=4, lk=5, d_k=8, d_v=8, dtype=torch.float32)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        output, weights = scaled_dot_product_attention(q * 100, k * 100, v)
+    reference, _ = scaled_dot_product_attention(q * 100, k * 100, v)
+    assert output.dtype == torch.float32
+    torch.testing.assert_close(output, reference)
+
+
+@pytest.mark.parametrize(("dtypes", "names"), [
+    ((torch.float32, torch.float16, torch.float16), "query torch.float32, key torch.float16"),
+    ((torch.float16, torch.float16, torch.bfloat16), "value torch.bfloat16"),
+])
+def test_mixed_dtypes_raise_a_type_error_naming_them(dtypes, names):
+    q, k, v = (t.to(dtype) for t, dtype in zip(_qkv(2), dtypes))
+    with pytest.raises(TypeError, match=names):
+        scaled_dot_product_attention(q, k, v)
+
+
+def test_integer_inputs_and_scores_are_refused():
+    q, k, v = (t.long() for t in _qkv(2))
+    with pytest.raises(TypeError, match="query must be a floating-point tensor, got dtype torch.int64"):
+        scaled_dot_product_attention(q, k, v)
+    with pytest.raises(TypeError, match="floating-point"):
+        masked_softmax(torch.ones(2, 3, dtype=torch.long))

@@ -31,8 +31,9 @@ def test_seed_everything_makes_python_numpy_and_torch_repeatable():
     assert draw_all_generators() != first
 
 
-def test_seed_everything_asks_for_deterministic_kernels_without_loading_the_compiler():
+def test_seed_everything_asks_for_deterministic_kernels_without_loading_the_compiler(monkeypatch):
     """The flag is set, in warn-only mode, and seeding a fresh process does not import torch's compiler (~2 s)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # GPU runtimes: tests/unit/test_runtime.py
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
     try:

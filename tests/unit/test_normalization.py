@@ -107,3 +107,26 @@ def test_dropout_edge_probabilities():
     assert torch.equal(Dropout(0.0)(x), x)
     zeros = Dropout(1.0)(x)
     assert torch.equal(zeros, torch.zeros_like(x)) and torch.equal(nn.Dropout(1.0)(x), zeros)
+
+
+# Half precision: nn.LayerNorm accumulates mean and variance in float32; so must ours.
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float16, 2e-3), (torch.bfloat16, 1.6e-2)])
+def test_layer_norm_in_half_precision_accumulates_in_float32(dtype, tolerance):
+    """Inputs near 100: in float16 (3 significant digits) the mean eats the information the deviations carry."""
+    torch.manual_seed(0)
+    x = (torch.randn(8, 256) + 100).to(dtype)
+    reference = nn.LayerNorm(256).double()(x.double())  # exact answer for the rounded inputs
+    ours = LayerNorm(256)(x)
+    theirs = nn.LayerNorm(256)(x)
+    assert ours.dtype == dtype
+    error = (ours.double() - reference).abs().max().item()
+    assert error <= tolerance
+    assert error <= (theirs.double() - reference).abs().max().item() + 1e-6
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_layer_norm_with_half_parameters_matches_torch():
+    reference, ours = _layer_norm_pair(64, torch.float32)
+    reference, ours = reference.half(), ours.half()
+    x = (torch.randn(4, 64) * 3 + 50).half()
+    torch.testing.assert_close(ours(x), reference(x))
