@@ -1,34 +1,91 @@
 """The check object a notebook uses: ``check = exercise("ex02")``, then ``check.<part>(my_function)``.
 
-Each check runs the learner's function on fresh random inputs plus fixed edge cases, judges every output
-against references and properties, and prints one line per case, a result line and a progress line. It
-never raises because of the learner's code (a ``NotImplementedError`` reads "not attempted yet").
+One verdict: a check evaluates exactly what the instructor's grader will. It takes the graded cells as the
+learner last ran them (the source of the cell that defined each part's function, which the kernel keeps),
+runs them after the exercise's trusted preamble in a fresh process, through the very code the grader uses
+(:func:`attention_course.grading.sandbox.run_parts` and :func:`attention_course.grading.evaluate.assemble`),
+and prints one line per case, a result line and a progress line. That process has a time limit per part,
+so an infinite loop is stopped and named; where the operating system's sandbox is not available (Colab,
+macOS) it runs unisolated, and the check says so once.
 
-This in-notebook check is feedback, run in the learner's own kernel; the instructor's grader
-(:mod:`attention_course.grading.grader`) runs the same parts in a separate process and does not trust
-anything the notebook prints.
+Where the learner's code depends on something the grader will not see (a helper or an import in another
+cell, an edited check cell), the check says so in words. Outside a notebook kernel (a function whose cell
+source is unknown, e.g. built with ``exec``) the check runs the function in this process instead, with the
+same verdicts but no time limit, and says so.
+
+A check never raises because of the learner's code (a ``NotImplementedError`` reads "not attempted yet").
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import linecache
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+from attention_course.grading.evaluate import assemble, check_cell_ok, dependencies, outside_names
 from attention_course.grading.exercises import get_exercise
 from attention_course.grading.feedback import format_hint, format_overview, format_part, format_progress
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
 from attention_course.grading.spec import Exercise, Part
 from attention_course.grading.wire import describe, outcome_of_call
 
-__all__ = ["Checker", "exercise"]
+__all__ = ["Checker", "exercise", "NOTEBOOK_TIME_LIMIT"]
+
+#: Seconds a part's cases may take in the notebook check, unless the part sets its own ``time_limit``.
+NOTEBOOK_TIME_LIMIT = 20.0
 
 
 def _fresh_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") & (2**63 - 1)
+
+
+def _is_cell_file(filename: str) -> bool:
+    """Whether ``filename`` is a notebook cell's (ipykernel: /tmp/ipykernel_<pid>/<hash>.py; older IPython:
+    <ipython-input-N-...>), whose whole source the kernel keeps in ``linecache``."""
+    return "ipykernel_" in filename or filename.startswith("<ipython-input") or filename.startswith("<graded-cell")
+
+
+def _code_of(obj: Any) -> Any:
+    """A code object defined by ``obj``'s cell: the function's own, or a method's for a class."""
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    if inspect.isclass(obj):
+        for value in vars(obj).values():
+            value = getattr(value, "__func__", value)
+            if inspect.isfunction(value) and _is_cell_file(value.__code__.co_filename):
+                return value.__code__
+        return None
+    return getattr(obj, "__code__", None)
+
+
+def cell_source(obj: Any) -> tuple[str, str] | None:
+    """``(cell file name, whole cell source)`` of the notebook cell that defined ``obj``, if the kernel knows it."""
+    code = _code_of(obj)
+    if code is None or not _is_cell_file(code.co_filename):
+        return None
+    lines = linecache.getlines(code.co_filename)
+    return (code.co_filename, "".join(lines)) if lines else None
+
+
+def _kernel() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _current_cell(shell: Any) -> str | None:
+    """The source of the cell being run (the check cell), from IPython's input history."""
+    try:
+        history = shell.history_manager.input_hist_raw
+        return history[-1] if history else None
+    except Exception:
+        return None
 
 
 class Checker:
@@ -38,50 +95,160 @@ class Checker:
         exercise: the exercise whose parts to check.
         seed: seed for the random cases; by default a fresh one on every call, so that an answer written
             to fit one set of inputs cannot pass.
+        time_limit: seconds a part's cases may take (default: the part's ``time_limit``, else
+            :data:`NOTEBOOK_TIME_LIMIT`).
+        isolated: run the graded cells in a fresh process like the grader (default: whenever the cells'
+            sources are known, i.e. in a notebook kernel); ``False`` runs the function in this process.
+        namespace: where the learner's functions live (default: the kernel's, else the caller's globals).
     """
 
-    def __init__(self, exercise: Exercise, seed: int | None = None) -> None:
+    def __init__(self, exercise: Exercise, seed: int | None = None, time_limit: float | None = None,
+                 isolated: bool | None = None, namespace: Mapping[str, Any] | None = None) -> None:
         self._exercise = exercise
         self._seed = seed
+        self._time_limit = time_limit
+        self._isolated = isolated
+        self._namespace = namespace
         self._verdicts: dict[str, PartVerdict] = {}
+        self._said: set[str] = set()
 
     # --- one method per part ------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Callable[..., None]:
         if name.startswith("_"):
             raise AttributeError(name)
-        try:
-            self._exercise.part(name)
-        except KeyError:
-            raise AttributeError(
-                f"{self._exercise.id} has no part {name!r}; its parts are "
-                f"{[part.name for part in self._exercise.parts]}"
-            ) from None
+        if name not in self._part_names():
+            return functools.partial(self._unknown, name)
         return functools.partial(self.check, name)
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | {part.name for part in self._exercise.parts})
+        return sorted(set(super().__dir__()) | set(self._part_names()))
+
+    def _part_names(self) -> list[str]:
+        return [part.name for part in self._exercise.parts]
+
+    def _unknown(self, name: str, *args: Any, **kwargs: Any) -> None:
+        print(f"{self._exercise.id} has no part {name!r}; its parts are: {', '.join(self._part_names())}.")
+
+    def _part(self, name: Any) -> Part | None:
+        if isinstance(name, str) and name in self._part_names():
+            return self._exercise.part(name)
+        if isinstance(name, int) and 1 <= name <= len(self._exercise.parts):
+            return self._exercise.parts[name - 1]
+        self._unknown(str(name))
+        return None
 
     def check(self, part_name: str, obj: Any, hint: bool = False) -> None:
         """Run part ``part_name``'s cases on ``obj`` (the learner's function or class) and print the report."""
-        part = self._exercise.part(part_name)
-        verdict = self._judge(part, obj)
+        part = self._part(part_name)
+        if part is None:
+            return
+        notes: list[str] = []
+        verdict = self._judge(part, obj, notes)
         self._verdicts[part.name] = verdict
+        for note in notes:
+            print(note)
         print(format_part(self._exercise, part, verdict, hint=hint))
         print(format_progress(self._exercise, self._verdicts))
 
-    def _judge(self, part: Part, obj: Any) -> PartVerdict:
+    # --- how a part is judged -------------------------------------------------------------------------
+    def _learner_namespace(self) -> Mapping[str, Any]:
+        if self._namespace is not None:
+            return self._namespace
+        shell = _kernel()
+        if shell is not None and getattr(shell, "user_ns", None) is not None:
+            return shell.user_ns
+        frame = inspect.currentframe()
+        while frame is not None and frame.f_globals.get("__name__") in (__name__, "functools"):
+            frame = frame.f_back
+        return frame.f_globals if frame is not None else {}
+
+    def _judge(self, part: Part, obj: Any, notes: list[str]) -> PartVerdict:
         if not callable(obj):
             return failed_part(part, f"expected your function `{part.function}` itself, got {describe(obj)}; "
                                      f"call check.{part.name}({part.function})")
         seed = self._seed if self._seed is not None else _fresh_seed()
-        cases = part.make_cases(torch.Generator().manual_seed(seed))
-        outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
-        return judge_part(part, cases, outcomes)
+        own = cell_source(obj)
+        if self._isolated is False or (own is None and not self._isolated):
+            self._say_once(notes, "in-process",
+                           "(Checked in this process: the source of your cell is not known here, so this check "
+                           "cannot run it the way the grader does; in a notebook it can.)")
+            cases = part.make_cases(torch.Generator().manual_seed(seed))
+            outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
+            return judge_part(part, cases, outcomes)
+        return self._judge_isolated(part, obj, seed, notes)
+
+    def _graded_sources(self, part: Part, obj: Any, notes: list[str]) -> dict[str, str]:
+        """part -> source of the cell that defined its function in this kernel (``obj`` for ``part``)."""
+        namespace = self._learner_namespace()
+        sources: dict[str, str] = {}
+        seen: set[str] = set()
+        for other in self._exercise.parts:
+            found = cell_source(obj if other is part else namespace.get(other.function))
+            if found is None or found[0] in seen:
+                continue
+            seen.add(found[0])
+            sources[other.name] = found[1]
+        if part.name not in sources:  # isolated=True outside a kernel: the function's own source
+            try:
+                sources[part.name] = inspect.getsource(obj)
+            except (OSError, TypeError):
+                pass
+        return sources
+
+    def _judge_isolated(self, part: Part, obj: Any, seed: int, notes: list[str]) -> PartVerdict:
+        from attention_course.grading import sandbox
+
+        exercise = self._exercise
+        sources = self._graded_sources(part, obj, notes)
+        if part.name not in sources:
+            return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again")
+        ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
+        # What the grader will not see: names from other cells, an edited check cell.
+        namespace = self._learner_namespace()
+        missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble)
+                         if name in namespace)
+        if missing:
+            names = ", ".join(f"`{name}`" for name in missing)
+            notes.append(f"Warning: your graded code uses {names}, defined in a cell the grader does not run. The "
+                         f"grader runs only the graded cells, after the exercise's own imports. Move what you "
+                         f"need into a graded cell (a helper next to the function that uses it), or it will "
+                         f"fail there, as it does below.")
+        check_cells = None
+        shell = _kernel()
+        current = _current_cell(shell) if shell is not None else None
+        if current is not None and "check." in current:
+            check_cells = {p.name: True for p in exercise.parts}
+            check_cells[part.name] = check_cell_ok(current, part.name, part.function)
+        # Run this part and the earlier parts it calls (to name them as the cause when they fail).
+        wanted = {part.name} | {dep.name for dep in dependencies(exercise, sources).get(part.name, [])}
+        generator = torch.Generator().manual_seed(seed)
+        cases = {p.name: p.make_cases(generator) for p in exercise.parts}
+        cases = {name: cases[name] for name in wanted if name in sources}
+        to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
+        limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
+        kwargs: dict[str, Any] = {}
+        if "isolation" in inspect.signature(sandbox.run_parts).parameters:
+            kwargs["isolation"] = "auto"
+        result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, **kwargs)
+        isolated_by_os = getattr(result, "isolated", None)
+        if isolated_by_os is False:
+            self._say_once(notes, "unisolated",
+                           "(This platform has no bubblewrap sandbox, so your cells run in a fresh process "
+                           "without operating-system isolation; the grader runs them the same way, isolated.)")
+        verdicts = {v.part: v for v in assemble(exercise, sources, cases, result, check_cells)}
+        return verdicts[part.name]
+
+    def _say_once(self, notes: list[str], key: str, text: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            notes.append(text)
 
     # --- help and progress --------------------------------------------------------------------------
-    def hint(self, part_name: str) -> None:
-        """Print the hint for part ``part_name``."""
-        print(format_hint(self._exercise.part(part_name)))
+    def hint(self, part_name: str | int, level: int = 1) -> None:
+        """Print hint ``level`` for part ``part_name`` (1: the concept, 2: the approach)."""
+        part = self._part(part_name)
+        if part is not None:
+            print(format_hint(part, level))
 
     def progress(self) -> None:
         """Print every part with its status, and the points so far."""
@@ -103,15 +270,16 @@ class Checker:
         return format_overview(self._exercise, self._verdicts)
 
 
-def exercise(exercise_id: str, seed: int | None = None) -> Checker:
+def exercise(exercise_id: str, seed: int | None = None, time_limit: float | None = None) -> Checker:
     """The checks for exercise ``exercise_id`` (e.g. ``"ex02"``, ``"bug_hunt"``).
 
     Example:
         >>> check = exercise("ex02")
         >>> check.soft_attention_weights(soft_attention_weights)   # doctest: +SKIP
     """
-    checker = Checker(get_exercise(exercise_id), seed=seed)
+    checker = Checker(get_exercise(exercise_id), seed=seed, time_limit=time_limit)
     ex = checker._exercise
     print(f"Checks for {ex.id} ({ex.title}) are ready: {len(ex.parts)} parts, {ex.max_score} points. "
-          f"Run check.progress() at any time.")
+          f"Each check runs your graded cells the way the grader does. Run check.progress() at any time.")
     return checker
+

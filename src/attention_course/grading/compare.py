@@ -27,6 +27,8 @@ __all__ = [
     "rows_sum_problem",
     "non_negative_problem",
     "scalar_problem",
+    "matches",
+    "tuple_problem",
 ]
 
 Problem = str | None
@@ -41,6 +43,25 @@ def close_f64(actual: Any, expected: torch.Tensor, atol: float = 1e-4, rtol: flo
     """True when ``actual`` is a tensor of ``expected``'s shape (no broadcasting) and close to it in float64."""
     return (isinstance(actual, torch.Tensor) and actual.shape == expected.shape
             and bool(torch.allclose(f64(actual), f64(expected), atol=atol, rtol=rtol)))
+
+
+def matches(actual: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    """Whether ``actual`` equals ``expected`` within tolerance: tensors of the same shape (float64), or
+    tuples/lists of them item by item. What :func:`~attention_course.grading.spec.diagnose` uses."""
+    if isinstance(expected, (tuple, list)):
+        return (isinstance(actual, (tuple, list)) and len(actual) == len(expected)
+                and all(matches(a, e, atol, rtol) for a, e in zip(actual, expected)))
+    if isinstance(expected, torch.Tensor):
+        return close_f64(actual, expected, atol=atol, rtol=rtol)
+    return actual == expected
+
+
+def tuple_problem(output: Any, *names: str) -> Problem:
+    """``output`` must be a tuple (or list) of ``len(names)`` items, e.g. ``tuple_problem(out, "output",
+    "weights")`` -> "expected a tuple (output, weights), got a tensor of shape (2, 3) ..."."""
+    if isinstance(output, (tuple, list)) and len(output) == len(names):
+        return None
+    return f"expected a tuple ({', '.join(names)}), got {describe(output)}"
 
 
 def fmt(x: float) -> str:

@@ -28,10 +28,16 @@ def _header(exercise: Exercise, part: Part) -> str:
     return f"{exercise.id} part {index} of {len(exercise.parts)}: {part.name} ({points})"
 
 
+def _points(score: float) -> str:
+    return f"{score:g}"
+
+
 def format_part(exercise: Exercise, part: Part, verdict: PartVerdict, hint: bool = False) -> str:
-    """The report a check prints: a header, one PASS/FAIL line per case, a result line, and the hint if
-    asked for (or a pointer to it when something failed)."""
+    """The report a check prints: a header, the cause when an earlier part is to blame, one PASS/FAIL line
+    per case, a result line, and the hint if asked for (or a pointer to it when something failed)."""
     lines = [_header(exercise, part)]
+    if verdict.cause:
+        lines.append(_wrap(f"First: {verdict.cause}.", "  "))
     if verdict.status == NOT_ATTEMPTED:
         lines.append(_wrap(f"Not attempted yet: `{part.function}` still raises NotImplementedError. Write your "
                            "code in its cell, run that cell, then run this check again.", "  "))
@@ -39,30 +45,46 @@ def format_part(exercise: Exercise, part: Part, verdict: PartVerdict, hint: bool
         for case in verdict.cases:
             lines.append(_wrap(f"PASS  {case.name}" if case.passed else f"FAIL  {case.name}: {case.message}", "  "))
         if not verdict.cases:
-            lines.append(_wrap(f"FAIL  {verdict.message}", "  "))
+            message = verdict.message
+            if verdict.cause and message.startswith(verdict.cause):
+                message = message[len(verdict.cause):].lstrip(". ")
+            lines.append(_wrap(f"FAIL  {message}", "  "))
         passed = sum(case.passed for case in verdict.cases)
-        result = (f"Passed: all {len(verdict.cases)} cases, {verdict.score} of {verdict.max_score} points."
+        result = (f"Passed: all {len(verdict.cases)} cases, {_points(verdict.score)} of {verdict.max_score} points."
                   if verdict.passed else
-                  f"Not yet: {passed} of {len(verdict.cases)} cases passed, 0 of {verdict.max_score} points.")
+                  f"Not yet: {passed} of {len(verdict.cases)} cases passed, {_points(verdict.score)} of "
+                  f"{verdict.max_score} points.")
         lines.append("  " + result)
     if hint:
         lines.append(format_hint(part))
     elif not verdict.passed:
-        lines.append(f'  Stuck? Run check.hint("{part.name}") for a hint.')
+        lines.append(f'  Stuck? Run check.hint("{part.name}") for a hint, check.hint("{part.name}", 2) for '
+                     "the approach.")
     return "\n".join(lines)
 
 
-def format_hint(part: Part) -> str:
-    return "\n".join(_wrap(paragraph, "  Hint: " if i == 0 else "        ")
-                     for i, paragraph in enumerate(part.hint.split("\n\n")))
+def format_hint(part: Part, level: int = 1) -> str:
+    """Hint ``level`` of ``part`` (1: the concept, 2: the approach), or a line saying which levels exist."""
+    tiers = part.hints
+    if not tiers:
+        return f"  No hint for {part.name}."
+    if not isinstance(level, int) or not 1 <= level <= len(tiers):
+        return f"  {part.name} has hint levels 1 to {len(tiers)}: check.hint(\"{part.name}\", 1) ... "
+    label = ("Hint (concept): " if len(tiers) > 1 else "Hint: ") if level == 1 else f"Hint {level} (approach): "
+    pad = " " * len(label)
+    text = "\n".join(_wrap(paragraph, "  " + label if i == 0 else "  " + pad)
+                     for i, paragraph in enumerate(tiers[level - 1].split("\n\n")))
+    if level < len(tiers):
+        text += f'\n  More: check.hint("{part.name}", {level + 1})'
+    return text
 
 
 def format_progress(exercise: Exercise, verdicts: Mapping[str, PartVerdict]) -> str:
-    """'Progress: 2 of 5 parts passed, 3 of 9 points (ex02).'"""
+    """'Progress: 2 of 5 parts passed, 3.5 of 9 points (ex02).'"""
     passed = [name for name, verdict in verdicts.items() if verdict.passed]
-    score = sum(verdicts[name].score for name in passed)
+    score = sum(verdict.score for verdict in verdicts.values())
     return (f"Progress: {len(passed)} of {len(exercise.parts)} parts passed, "
-            f"{score} of {exercise.max_score} points ({exercise.id}).")
+            f"{_points(score)} of {exercise.max_score} points ({exercise.id}).")
 
 
 def format_overview(exercise: Exercise, verdicts: Mapping[str, PartVerdict]) -> str:

@@ -11,13 +11,15 @@ For each notebook the grader:
    (:mod:`attention_course.grading.sandbox`), which sends back only wire-form outputs;
 6. judges the outputs here, against references and properties it computes from its own inputs.
 
-A part earns its points only if every case passes.
+A part earns its points in proportion to the cases passed (``all_or_nothing``: only if every case passes).
+Steps 4-6 are shared with the notebook check: see :mod:`attention_course.grading.evaluate`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,8 +28,9 @@ from pathlib import Path
 import nbformat
 import torch
 
+from attention_course.grading.evaluate import assemble, check_cell_ok, exercise_mismatch
 from attention_course.grading.exercises import exercise_ids, get_exercise
-from attention_course.grading.judge import NOT_ATTEMPTED, PartVerdict, failed_part, judge_part
+from attention_course.grading.judge import PartVerdict, failed_part
 from attention_course.grading.notebook_format import (
     TAG_GRADED,
     cell_part,
@@ -35,7 +38,7 @@ from attention_course.grading.notebook_format import (
     defined_names,
     notebook_exercise,
 )
-from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT, MISSING, run_parts
+from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT, run_parts
 from attention_course.grading.spec import Exercise
 
 __all__ = ["NotebookResult", "find_notebooks", "grade_notebook", "grade_paths"]
@@ -54,6 +57,7 @@ class NotebookResult:
     parts: list[PartVerdict] = field(default_factory=list)
     message: str = ""
     seed: int | None = None
+    seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {
@@ -63,8 +67,10 @@ class NotebookResult:
             "max_score": self.max_score,
             "message": self.message,
             "seed": self.seed,
+            "seconds": round(self.seconds, 2),
             "parts": [
-                {"name": v.part, "score": v.score, "max_score": v.max_score, "status": v.status, "message": v.message}
+                {"name": v.part, "score": v.score, "max_score": v.max_score, "status": v.status, "message": v.message,
+                 "cases": [{"name": c.name, "passed": c.passed, "message": c.message} for c in v.cases]}
                 for v in self.parts
             ],
         }
@@ -119,17 +125,10 @@ def _graded_cells(nb: nbformat.NotebookNode, exercise: Exercise) -> tuple[list[t
 
 
 def _check_cell_intact(nb: nbformat.NotebookNode, part: str, function: str) -> bool:
-    """Whether the notebook still has the part's check cell as handed out: ``check.<part>(<function>)``,
-    optionally with ``hint=True``. Found by content, so an editor that dropped the cell tags does not matter."""
-    call = re.compile(rf"check\.{re.escape(part)}\(\s*{re.escape(function)}\s*(,\s*hint\s*=\s*(True|False)\s*)?\)")
-    return any(
-        cell.get("cell_type") == "code" and isinstance(cell.get("source"), str) and call.fullmatch(cell.source.strip())
-        for cell in nb.cells
-    )
-
-
-def _amend(verdict: PartVerdict, extra: str) -> PartVerdict:
-    return PartVerdict(verdict.part, verdict.max_score, verdict.status, verdict.message + extra, verdict.cases)
+    """Whether the notebook still has the part's check cell as handed out (see :func:`evaluate.check_cell_ok`).
+    Found by content, so an editor that dropped the cell tags does not matter."""
+    return any(cell.get("cell_type") == "code" and check_cell_ok(cell.get("source"), part, function)
+               for cell in nb.cells)
 
 
 def _fail(path: Path, message: str, exercise: Exercise | None = None, seed: int | None = None) -> NotebookResult:
@@ -144,6 +143,7 @@ def grade_notebook(
     seed: int | None = None,
     exercise_id: str | None = None,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    all_or_nothing: bool = False,
 ) -> NotebookResult:
     """Grade one notebook; never raises for anything about the file or the code in it.
 
@@ -153,7 +153,16 @@ def grade_notebook(
         seed: seed for the generated inputs (default: fresh); the result records it for reproduction.
         exercise_id: grade as this exercise whatever the notebook says.
         output_limit: bytes the learner's code may print per process.
+        all_or_nothing: a part earns its points only if every case passes (default: in proportion).
     """
+    started = time.monotonic()
+    result = _grade_notebook(path, timeout, seed, exercise_id, output_limit, all_or_nothing)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise_id: str | None,
+                    output_limit: int, all_or_nothing: bool) -> NotebookResult:
     path = Path(path)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -174,8 +183,12 @@ def grade_notebook(
     if chosen not in exercise_ids():
         return _fail(path, f"cannot tell which exercise this is (found {chosen!r}; known: {exercise_ids()}); "
                            "pass --exercise")
+    mismatch = exercise_mismatch(chosen, notebook_exercise(nb), forced=exercise_id is not None)
+    if mismatch and exercise_id is not None:
+        return _fail(path, mismatch, get_exercise(chosen), seed)
     exercise = get_exercise(chosen)
     cells, note = _graded_cells(nb, exercise)
+    note = "; ".join(filter(None, [mismatch, note]))
     present = {part for _, part, _ in cells}
 
     generator = torch.Generator().manual_seed(seed)
@@ -183,28 +196,9 @@ def grade_notebook(
     to_run = [(part.name, cases[part.name]) for part in exercise.parts if part.name in present]
     sandbox = run_parts(exercise.id, exercise.preamble, cells, to_run, timeout=timeout, output_limit=output_limit)
 
-    verdicts = []
-    for part in exercise.parts:
-        cell_error = sandbox.cell_errors.get(part.name)
-        failure = sandbox.failures.get(part.name, "no result came back")
-        if part.name not in present:
-            verdict = failed_part(part, f"no graded cell for part {part.name!r} was found (was it deleted, or its "
-                                        "tag removed?)")
-        elif part.name in sandbox.outcomes:
-            verdict = judge_part(part, cases[part.name], sandbox.outcomes[part.name])
-            if cell_error and not verdict.passed and verdict.status != NOT_ATTEMPTED:
-                verdict = _amend(verdict, f" (running its graded cell {cell_error})")
-        elif failure == MISSING:
-            verdict = failed_part(part, f"your graded cell {cell_error}, so `{part.function}` was never defined"
-                                  if cell_error else
-                                  f"no function named `{part.function}` was defined (was it renamed?)")
-        else:
-            verdict = failed_part(part, failure)
-        if part.name in present and not _check_cell_intact(nb, part.name, part.function):
-            # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
-            verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
-                                        f"`check.{part.name}({part.function})` to earn this part's marks")
-        verdicts.append(verdict)
+    sources = {part: source for _, part, source in cells}
+    check_cells = {part.name: _check_cell_intact(nb, part.name, part.function) for part in exercise.parts}
+    verdicts = assemble(exercise, sources, cases, sandbox, check_cells, all_or_nothing)
     score = sum(verdict.score for verdict in verdicts)
     return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed)
 
@@ -216,6 +210,7 @@ def grade_paths(
     seed: int | None = None,
     exercise_id: str | None = None,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    all_or_nothing: bool = False,
 ) -> list[NotebookResult]:
     """Grade every notebook under ``paths`` (see :func:`find_notebooks`), ``jobs`` at a time, in order."""
     notebooks = find_notebooks(paths)
@@ -225,7 +220,7 @@ def grade_paths(
             return _fail(path, "no such file or folder")
         try:
             return grade_notebook(path, timeout=timeout, seed=seed, exercise_id=exercise_id,
-                                  output_limit=output_limit)
+                                  output_limit=output_limit, all_or_nothing=all_or_nothing)
         except Exception as exc:  # a bug in an exercise's checks must not stop a whole class's grading
             return _fail(path, f"internal grader error ({type(exc).__name__}: {exc}); please report it")
 

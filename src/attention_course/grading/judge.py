@@ -36,10 +36,12 @@ class CaseVerdict:
 
 @dataclass(frozen=True)
 class PartVerdict:
-    """The verdict on one part: all of its points if every case passed, else none.
+    """The verdict on one part: its points in proportion to the cases passed (all or nothing when
+    ``all_or_nothing``, an instructor's option).
 
     ``message`` summarises the part in one line (what the grader's report shows); ``cases`` holds the
-    per-case verdicts (empty when the part could not run at all: missing cell, timeout, crash).
+    per-case verdicts (empty when the part could not run at all: missing cell, timeout, crash); ``cause``
+    names an earlier part of the learner's own code that fails and that this part calls.
     """
 
     part: str
@@ -47,10 +49,18 @@ class PartVerdict:
     status: str
     message: str
     cases: tuple[CaseVerdict, ...] = field(default=())
+    all_or_nothing: bool = False
+    cause: str = ""
 
     @property
-    def score(self) -> int:
-        return self.max_score if self.status == PASSED else 0
+    def score(self) -> float:
+        if self.status == PASSED:
+            return self.max_score
+        if self.all_or_nothing or self.status == NOT_ATTEMPTED or not self.cases:
+            return 0
+        fraction = sum(case.passed for case in self.cases) / len(self.cases)
+        score = round(self.max_score * fraction, 2)
+        return int(score) if score == int(score) else score
 
     @property
     def passed(self) -> bool:

@@ -20,13 +20,17 @@ exactly the verdicts the instructor's grader will give.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Case", "Part", "Exercise", "call_function", "randn"]
+__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "randn", "INPUTS_CHANGED"]
+
+#: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
+INPUTS_CHANGED = "__inputs_changed__"
 
 
 @dataclass
@@ -49,8 +53,58 @@ class Case:
 
     def fresh_args(self) -> tuple[tuple, dict[str, Any]]:
         """Deep copies of ``args`` and ``kwargs``, so that a function that edits its inputs in place cannot
-        change the inputs ``verify`` later computes the reference from."""
-        return copy.deepcopy(self.args), copy.deepcopy(self.kwargs)
+        change the inputs ``verify`` later computes the reference from. While a part runs the case, the
+        copies handed out are remembered, so that an input changed in place is reported (see :class:`Part`)."""
+        args, kwargs = copy.deepcopy(self.args), copy.deepcopy(self.kwargs)
+        handed = self.__dict__.get("_handed_out")
+        if handed is not None:
+            handed.append((args, kwargs))
+        return args, kwargs
+
+    def changed_inputs(self, handed: list[tuple[tuple, dict[str, Any]]], obj: Any = None) -> list[str]:
+        """Names of the arguments whose handed-out copies differ from the originals (edited in place);
+        positional ones are named after ``obj``'s parameters when its signature tells."""
+        try:
+            parameters = list(inspect.signature(obj).parameters) if inspect.isfunction(obj) else []
+        except (TypeError, ValueError):
+            parameters = []
+        names: list[str] = []
+        for args, kwargs in handed:
+            for index, (original, given) in enumerate(zip(self.args, args)):
+                if _changed(original, given):
+                    names.append(parameters[index] if index < len(parameters) else f"argument {index + 1}")
+            for key, original in self.kwargs.items():
+                if key in kwargs and _changed(original, kwargs[key]):
+                    names.append(key)
+        return list(dict.fromkeys(names))
+
+
+def _changed(original: Any, given: Any, depth: int = 0) -> bool:
+    """Whether ``given`` (a copy of ``original`` handed to the learner) no longer equals it."""
+    if depth > 6:
+        return False
+    if isinstance(original, torch.Tensor):
+        if not isinstance(given, torch.Tensor) or given.shape != original.shape or given.dtype != original.dtype:
+            return True
+        same = given == original
+        if original.is_floating_point() or original.is_complex():
+            same = same | (torch.isnan(given) & torch.isnan(original))
+        return not bool(same.all())
+    if isinstance(original, (list, tuple)):
+        return (not isinstance(given, (list, tuple)) or len(given) != len(original)
+                or any(_changed(a, b, depth + 1) for a, b in zip(original, given)))
+    if isinstance(original, dict):
+        return (not isinstance(given, dict) or given.keys() != original.keys()
+                or any(_changed(original[key], given[key], depth + 1) for key in original))
+    return False
+
+
+def inputs_changed_message(names: Sequence[str]) -> str:
+    """The verdict on a case whose inputs the learner's function changed in place."""
+    quoted = ", ".join(f"`{name}`" for name in names)
+    return (f"your function changed its input {quoted} in place (e.g. `x /= ...`, `x += ...`, `x.masked_fill_(...)` or "
+            f"`x[...] = ...` on the caller's tensor); leave the inputs as they are: compute a new tensor "
+            f"(`x = x / ...`) or work on `x.clone()`")
 
 
 def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -71,32 +125,115 @@ class Part:
     Attributes:
         name: the part's id: the check method (``check.<name>(...)``), the ``grading.part`` metadata of its
             cells, and its column in the grader's CSV. A Python identifier.
-        function: the name of the function (or class) the learner's cell defines.
-        points: marks for the part; a part scores all of them only if every case passes.
+        function: the name of the function (or class) the learner's cell defines (default: ``name``).
+        points: marks for the part, earned in proportion to the cases passed (all or nothing when the
+            instructor grades with ``--all-or-nothing``).
         summary: one line saying what the function does, shown in progress listings.
-        hint: printed by ``check.hint(name)``.
+        hint: the hints in tiers, ``(concept, approach)``: ``check.hint(name)`` prints the first,
+            ``check.hint(name, 2)`` the second. A single string is one tier. No hint contains solution code.
         make_cases: ``generator -> list[Case]``; draw every random number from ``generator``.
         verify: ``(case, output) -> message or None``; ``output`` is in wire form
             (:func:`attention_course.grading.wire.to_wire`): tensors, numbers, strings, lists, tuples, dicts.
         run: ``(learner object, case) -> output``, run in the learner's process (default: call it).
+            Whatever ``run`` does, an input the learner's code changed in place (through the copies from
+            :meth:`Case.fresh_args`) fails the case with a message naming the argument.
+        time_limit: seconds the part's cases may take in the notebook check (default: the checker's).
     """
 
     name: str
-    function: str
-    points: int
-    summary: str
-    hint: str
-    make_cases: Callable[[torch.Generator], list[Case]]
-    verify: Callable[[Case, Any], str | None]
+    function: str = ""
+    points: int = 1
+    summary: str = ""
+    hint: str | tuple[str, ...] = ""
+    make_cases: Callable[[torch.Generator], list[Case]] | None = None
+    verify: Callable[[Case, Any], str | None] | None = None
     run: Callable[[Any, Case], Any] = call_function
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
+        if not self.function:
+            object.__setattr__(self, "function", self.name)
+        if self.make_cases is None or self.verify is None:
+            raise ValueError(f"part {self.name!r} needs make_cases and verify")
+        if not isinstance(self.run, _TrackedRun):
+            object.__setattr__(self, "run", _TrackedRun(self.run))
+        if not isinstance(self.verify, _CheckedVerify):
+            object.__setattr__(self, "verify", _CheckedVerify(self.verify))
         if not self.name.isidentifier():
             raise ValueError(f"part name must be a Python identifier, got {self.name!r}")
         if not self.function.isidentifier():
             raise ValueError(f"function name must be a Python identifier, got {self.function!r}")
         if not isinstance(self.points, int) or self.points < 1:
             raise ValueError(f"points must be a positive int, got {self.points!r}")
+
+    @property
+    def hints(self) -> tuple[str, ...]:
+        """The hint tiers, first (concept) to last (approach)."""
+        tiers = (self.hint,) if isinstance(self.hint, str) else tuple(self.hint)
+        return tuple(tier for tier in tiers if tier)
+
+
+class _TrackedRun:
+    """A part's ``run`` that also reports inputs the learner's code changed in place: the output comes back
+    wrapped as ``{INPUTS_CHANGED: [names], "output": output}`` (plain data, so it crosses the wire)."""
+
+    def __init__(self, run: Callable[[Any, Case], Any]) -> None:
+        self.run = run
+
+    def __call__(self, obj: Any, case: Case) -> Any:
+        handed: list[tuple[tuple, dict[str, Any]]] = []
+        case.__dict__["_handed_out"] = handed
+        try:
+            output = self.run(obj, case)
+        finally:
+            case.__dict__.pop("_handed_out", None)
+        changed = case.changed_inputs(handed, obj)
+        return {INPUTS_CHANGED: changed, "output": output} if changed else output
+
+
+class _CheckedVerify:
+    """A part's ``verify`` that first fails a case whose inputs were changed in place."""
+
+    def __init__(self, verify: Callable[[Case, Any], str | None]) -> None:
+        self.verify = verify
+
+    def __call__(self, case: Case, output: Any) -> str | None:
+        if isinstance(output, dict) and INPUTS_CHANGED in output:
+            names = output[INPUTS_CHANGED]
+            if isinstance(names, list) and names and all(isinstance(name, str) for name in names):
+                return inputs_changed_message(names)
+        return self.verify(case, output)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer and what to tell the learner who gave it.
+
+    ``variant(case)`` computes the wrong output from the case's inputs (in float64, in the checking
+    process); when the learner's output matches it, :func:`diagnose` returns ``message``. Use tables of
+    these instead of chains of ``if``: ``Mistake(lambda c: softmax(c.args[0], dim=0), "softmax over the
+    queries: use dim=-1")``.
+    """
+
+    variant: Callable[[Case], Any]
+    message: str
+
+
+def diagnose(mistakes: Sequence[Mistake], case: Case, output: Any,
+             matches: Callable[[Any, Any], bool] | None = None) -> str | None:
+    """The message of the first mistake whose variant ``output`` matches (``None`` when none does). A
+    variant that raises or returns ``None`` (not applicable to this case) is skipped."""
+    from attention_course.grading.compare import matches as default_matches
+
+    same = matches or default_matches
+    for mistake in mistakes:
+        try:
+            wrong = mistake.variant(case)
+            if wrong is not None and same(output, wrong):
+                return mistake.message
+        except Exception:  # a variant that does not apply to this case's inputs
+            continue
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""From a learner's graded cells to one verdict per part: the step the grader and the notebook check share.
+
+The grader (:func:`attention_course.grading.grader.grade_notebook`) and the check a learner runs in the
+notebook (:class:`attention_course.grading.checker.Checker`) both
+
+1. take the graded cells (from the notebook file, or from the kernel as the learner last ran them),
+2. run the exercise's trusted preamble and those cells in a fresh process
+   (:func:`attention_course.grading.sandbox.run_parts`), which calls the learner's functions on the cases,
+3. and turn what came back into verdicts with :func:`assemble` (this module): cell errors, missing
+   functions, the check-cell rule, time limits, and the cause of a failure that lies in an earlier part.
+
+So the score a learner sees in the notebook is the score the grader gives, computed by the same code on
+the same kind of inputs. :func:`dependencies` and :func:`outside_names` find what a graded cell uses, so the
+notebook check can say, in words, when the learner's code depends on a cell the grader will not run.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import io
+import re
+import tokenize
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attention_course.grading.judge import NOT_ATTEMPTED, PartVerdict, failed_part, judge_part
+from attention_course.grading.spec import Case, Exercise, Part
+
+__all__ = [
+    "assemble",
+    "bound_names",
+    "check_cell_ok",
+    "dependencies",
+    "exercise_mismatch",
+    "loaded_names",
+    "outside_names",
+]
+
+_MISSING = "missing"  # sandbox.MISSING, repeated so that this module imports nothing that starts processes
+_TIME_LIMIT = re.compile(r"did not finish within the time limit of ([0-9.eE+-]+) s")
+
+
+# --- what a cell defines and uses ---------------------------------------------------------------------
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        try:  # IPython syntax (magics, !cmd) in a graded cell
+            from IPython.core.inputtransformer2 import TransformerManager
+
+            return ast.parse(TransformerManager().transform_cell(source))
+        except Exception:
+            return None
+
+
+def bound_names(source: str) -> set[str]:
+    """Every name the cell binds anywhere (assignments, defs, classes, imports, arguments, loop targets)."""
+    tree = _parse(source)
+    names: set[str] = set()
+    if tree is None:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def loaded_names(source: str) -> set[str]:
+    """Every name the cell reads (``np`` in ``np.zeros``, ``helper`` in ``helper(x)``)."""
+    tree = _parse(source)
+    if tree is None:
+        return set()
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+def outside_names(cells: Sequence[str], preamble: str) -> set[str]:
+    """Names the graded ``cells`` read but neither they, the ``preamble`` nor Python's builtins define: in the
+    grader's process they do not exist (a helper or an import in another cell of the notebook)."""
+    defined = bound_names(preamble) | set(dir(builtins)) | {"__name__", "__file__", "get_ipython", "display"}
+    for source in cells:
+        defined |= bound_names(source)
+    used: set[str] = set()
+    for source in cells:
+        used |= loaded_names(source)
+    return used - defined
+
+
+def dependencies(exercise: Exercise, cells: Mapping[str, str]) -> dict[str, list[Part]]:
+    """For each part, the earlier parts whose functions its graded cell calls (and does not define itself),
+    so that a failure there can be named as the cause: ``{"combine": [<Part softmax>]}``."""
+    found: dict[str, list[Part]] = {}
+    for index, part in enumerate(exercise.parts):
+        source = cells.get(part.name)
+        if source is None:
+            continue
+        used, own = loaded_names(source), bound_names(source)
+        found[part.name] = [
+            earlier for earlier in exercise.parts[:index]
+            if earlier.function in used and earlier.function not in own
+        ]
+    return found
+
+
+# --- the check-cell rule --------------------------------------------------------------------------------
+def _code_only(source: str) -> str:
+    """The source without comments and blank lines (a comment added to a check cell changes nothing)."""
+    try:
+        tokens = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if tok.type != tokenize.COMMENT]
+        source = tokenize.untokenize(tokens)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return "\n".join(line.rstrip() for line in source.splitlines() if line.strip()).strip()
+
+
+def check_cell_ok(source: Any, part: str, function: str) -> bool:
+    """Whether ``source`` is the part's check cell as handed out: ``check.<part>(<function>)``, optionally
+    with ``hint=True``/``False``; comments and blank lines are allowed, nothing else."""
+    if not isinstance(source, str):
+        return False
+    call = re.compile(rf"check\.{re.escape(part)}\(\s*{re.escape(function)}\s*(,\s*hint\s*=\s*(True|False)\s*)?,?\s*\)")
+    return call.fullmatch(_code_only(source)) is not None
+
+
+def exercise_mismatch(chosen: str, metadata_id: str | None, forced: bool) -> str | None:
+    """A sentence when the notebook's metadata names another exercise than the one it is graded as."""
+    if metadata_id is None or metadata_id == chosen:
+        return None
+    if forced:
+        return (f"this notebook is exercise {metadata_id} (its metadata says so), not {chosen}: it was not graded; "
+                f"grade it without --exercise, or with --exercise {metadata_id}")
+    return f"warning: graded as {chosen}, but the notebook's metadata names {metadata_id}"
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------
+def _amend(verdict: PartVerdict, extra: str) -> PartVerdict:
+    return dataclasses.replace(verdict, message=verdict.message + extra)
+
+
+def _failure_message(part: Part, failure: str) -> str:
+    limit = _TIME_LIMIT.search(failure)
+    if limit:
+        return f"your function `{part.function}` did not return within {limit.group(1)} s (an infinite loop?)"
+    return failure
+
+
+def assemble(
+    exercise: Exercise,
+    cells: Mapping[str, str],
+    cases: Mapping[str, Sequence[Case]],
+    result: Any,
+    check_cells: Mapping[str, bool] | None = None,
+    all_or_nothing: bool = False,
+) -> list[PartVerdict]:
+    """One verdict per part of ``exercise`` from what the learner's process sent back.
+
+    Args:
+        exercise: the exercise.
+        cells: part name -> source of its graded cell (parts without one earn nothing).
+        cases: part name -> the cases generated for it (only parts that were run).
+        result: the :class:`~attention_course.grading.sandbox.SandboxResult`.
+        check_cells: part name -> whether its check cell is as handed out (``None``: not known, not applied).
+        all_or_nothing: a part scores its points only if every case passes (default: per case).
+    """
+    verdicts: dict[str, PartVerdict] = {}
+    for part in exercise.parts:
+        cell_error = result.cell_errors.get(part.name)
+        failure = result.failures.get(part.name, "no result came back")
+        if part.name not in cases:
+            continue
+        if part.name not in cells:
+            verdict = failed_part(part, f"no graded cell for part {part.name!r} was found (was it deleted, or its "
+                                        "tag removed?)")
+        elif part.name in result.outcomes:
+            verdict = judge_part(part, cases[part.name], result.outcomes[part.name])
+            if cell_error and not verdict.passed and verdict.status != NOT_ATTEMPTED:
+                verdict = _amend(verdict, f" (running its graded cell {_failure_message(part, cell_error)})")
+        elif failure == _MISSING:
+            verdict = failed_part(part, f"your graded cell {_failure_message(part, cell_error)}, so "
+                                        f"`{part.function}` was never defined"
+                                  if cell_error else
+                                  f"no function named `{part.function}` was defined (was it renamed?)")
+        else:
+            verdict = failed_part(part, _failure_message(part, failure))
+        if check_cells is not None and part.name in cells and not check_cells.get(part.name, False):
+            # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
+            verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
+                                        f"`check.{part.name}({part.function})` to earn this part's marks")
+        verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing)
+    # Cause attribution: a part that calls an earlier part's function which fails says so first.
+    index = {part.name: number for number, part in enumerate(exercise.parts, start=1)}
+    for name, earlier in dependencies(exercise, cells).items():
+        verdict = verdicts.get(name)
+        if verdict is None or verdict.passed:
+            continue
+        for dep in earlier:
+            dep_verdict = verdicts.get(dep.name)
+            if dep_verdict is None or dep_verdict.passed:
+                continue
+            state = "is not written yet" if dep_verdict.status == NOT_ATTEMPTED else "fails"
+            verb = "write" if dep_verdict.status == NOT_ATTEMPTED else "fix"
+            cause = (f"part {index[name]} uses your {dep.function} from part {index[dep.name]}, which {state}; "
+                     f"{verb} part {index[dep.name]} first")
+            verdicts[name] = dataclasses.replace(verdict, cause=cause, message=f"{cause}. {verdict.message}")
+            break
+    return [verdicts[part.name] for part in exercise.parts if part.name in verdicts]
