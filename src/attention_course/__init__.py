@@ -58,3 +58,11 @@ from attention_course.efficient import (
     online_softmax_update,
     tiled_attention,
 )
+
+# Chapters 14 and 15: positions for long contexts, attention at inference scale
+from attention_course.alibi import alibi_bias, alibi_slopes
+from attention_course.cost import kv_cache_bytes
+from attention_course.grouped_query import grouped_query_attention
+from attention_course.layers import DecoderLayerCache
+from attention_course.masks import sliding_window_mask
+from attention_course.rotary import apply_rotary

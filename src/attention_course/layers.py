@@ -13,17 +13,33 @@ layers that compute the same function as PyTorch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attention_course.feedforward import PositionwiseFeedForward
+from attention_course.kv_cache import KVCache
 from attention_course.multihead import MultiHeadAttention
 from attention_course.normalization import Dropout, LayerNorm
 
-__all__ = ["DecoderLayer", "EncoderLayer"]
+__all__ = ["DecoderLayer", "DecoderLayerCache", "EncoderLayer"]
+
+
+@dataclass
+class DecoderLayerCache:
+    """What incremental decoding keeps for one :class:`DecoderLayer`.
+
+    Attributes:
+        self_attention: the :class:`~attention_course.KVCache` of its causal self-attention.
+        cross_keys, cross_values: ``(B, Hkv, Ls, d_head)`` the cross-attention's keys and values of the
+            encoder output, projected at the first step and reused after (None before it).
+    """
+
+    self_attention: KVCache = field(default_factory=KVCache)
+    cross_keys: Tensor | None = None
+    cross_values: Tensor | None = None
 
 
 def _check_torch_layer(module: nn.Module, expected: type) -> None:
@@ -57,21 +73,34 @@ class EncoderLayer(nn.Module):
         dropout: probability for the attention weights, the feed-forward hidden layer and both residual
             branches (one value for all, as in PyTorch).
         norm_first: False for post-norm (the paper), True for pre-norm.
+        num_kv_heads: key/value heads of the self-attention (grouped-query attention; default: one per head).
+        positions: the self-attention's position scheme, ``None``, ``"rotary"`` or ``"alibi"`` (see
+            :class:`~attention_course.MultiHeadAttention`).
 
     Attributes:
         self_attention_weights: the ``(B, H, L, L)`` attention weights of the last forward call (detached),
             for plotting attention maps; None before the first call.
 
-    Shape: ``forward(x (B, L, d_model), mask) -> (B, L, d_model)``; ``mask`` broadcastable to
-    ``(B, H, L, L)``, True = may attend (typically a padding mask ``(B, 1, 1, L)``).
+    Shape: ``forward(x (B, L, d_model), mask, cache=None) -> (B, L, d_model)``; ``mask`` broadcastable to
+    ``(B, H, L, L)``, True = may attend (typically a padding mask ``(B, 1, 1, L)``, or a causal mask in a
+    decoder-only model). With a :class:`~attention_course.KVCache`, ``x`` holds only the new positions and the
+    self-attention is causal over everything cached (incremental decoding of a decoder-only model).
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+        num_kv_heads: int | None = None,
+        positions: str | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads,
+                                                 positions=positions)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
         self.norm1 = LayerNorm(d_model)
         self.norm2 = LayerNorm(d_model)
@@ -79,9 +108,9 @@ class EncoderLayer(nn.Module):
         self.dropout2 = Dropout(dropout)
         self.self_attention_weights: Tensor | None = None
 
-    def self_attention_block(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def self_attention_block(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """Self-attention branch, before the residual add: ``Dropout(MHA(x, x, x))``."""
-        output, weights = self.self_attention(x, x, x, mask=mask)
+        output, weights = self.self_attention(x, x, x, mask=mask, cache=cache)
         self.self_attention_weights = weights.detach()
         return self.dropout1(output)
 
@@ -89,13 +118,13 @@ class EncoderLayer(nn.Module):
         """Feed-forward branch, before the residual add: ``Dropout(FFN(x))``."""
         return self.dropout2(self.feed_forward(x))
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``x (B, L, d_model)`` -> ``(B, L, d_model)``."""
+    def forward(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """``x (B, L, d_model)`` -> ``(B, L, d_model)``; ``cache``: see the class docstring."""
         if self.norm_first:
-            x = x + self.self_attention_block(self.norm1(x), mask)
+            x = x + self.self_attention_block(self.norm1(x), mask, cache)
             x = x + self.feed_forward_block(self.norm2(x))
         else:
-            x = self.norm1(x + self.self_attention_block(x, mask))
+            x = self.norm1(x + self.self_attention_block(x, mask, cache))
             x = self.norm2(x + self.feed_forward_block(x))
         return x
 
@@ -141,16 +170,29 @@ class DecoderLayer(nn.Module):
     ``(B, 1, Lt, Lt)`` or ``(Lt, Lt)``) and ``memory_mask`` broadcastable to ``(B, H, Lt, Ls)`` (usually the
     source padding mask ``(B, 1, 1, Ls)``). True = may attend.
 
-    The sub-layers are separate methods so that incremental decoding (a KV cache) can reuse them.
+    Incremental decoding passes ``cache=DecoderLayerCache()``: ``x`` then holds only the new target positions,
+    the self-attention appends their keys and values to the cache and attends causally to all of them, and
+    the cross-attention projects ``memory`` once, at the first step, and reuses its keys and values after.
+
+    ``num_kv_heads`` (grouped-query attention) applies to both attentions; ``positions`` (``"rotary"`` or
+    ``"alibi"``) to the self-attention only: source and target positions are not on one axis.
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        norm_first: bool = False,
+        num_kv_heads: int | None = None,
+        positions: str | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads,
+                                                 positions=positions)
+        self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
         self.norm1 = LayerNorm(d_model)
         self.norm2 = LayerNorm(d_model)
@@ -161,15 +203,29 @@ class DecoderLayer(nn.Module):
         self.self_attention_weights: Tensor | None = None
         self.cross_attention_weights: Tensor | None = None
 
-    def self_attention_block(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def self_attention_block(self, x: Tensor, mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """Masked self-attention branch, before the residual add: ``Dropout(MHA(x, x, x))``."""
-        output, weights = self.self_attention(x, x, x, mask=mask)
+        output, weights = self.self_attention(x, x, x, mask=mask, cache=cache)
         self.self_attention_weights = weights.detach()
         return self.dropout1(output)
 
-    def cross_attention_block(self, x: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Cross-attention branch: queries from the decoder ``x``, keys and values from ``memory``."""
-        output, weights = self.cross_attention(x, memory, memory, mask=mask)
+    def cross_attention_block(
+        self, x: Tensor, memory: Tensor | None, mask: Tensor | None = None, cache: DecoderLayerCache | None = None
+    ) -> Tensor:
+        """Cross-attention branch: queries from the decoder ``x``, keys and values from ``memory``.
+
+        With a cache, the keys and values of ``memory`` are projected once and kept in it.
+        """
+        if cache is None:
+            if memory is None:
+                raise ValueError("memory (the encoder output) is needed unless a cache holds its keys and values")
+            output, weights = self.cross_attention(x, memory, memory, mask=mask)
+        else:
+            if cache.cross_keys is None or cache.cross_values is None:
+                if memory is None:
+                    raise ValueError("memory is needed at the first cached step, to project its keys and values")
+                cache.cross_keys, cache.cross_values = self.cross_attention.project_kv(memory, memory)
+            output, weights = self.cross_attention.attend(x, cache.cross_keys, cache.cross_values, mask)
         self.cross_attention_weights = weights.detach()
         return self.dropout2(output)
 
@@ -180,38 +236,26 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        memory: Tensor,
+        memory: Tensor | None,
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        cache: DecoderLayerCache | None = None,
     ) -> Tensor:
         """``x (B, Lt, d_model)``, ``memory (B, Ls, d_model)`` -> ``(B, Lt, d_model)``.
 
         ``self_mask`` must be causal for training with teacher forcing; it is not added automatically.
+        With ``cache`` (see the class docstring) ``self_mask`` may be None: the cached self-attention builds
+        its causal mask, and ``memory`` may be None after the first step.
         """
-        return self.wire_sublayers(
-            x,
-            self_attention=lambda h: self.self_attention_block(h, self_mask),
-            cross_attention=lambda h: self.cross_attention_block(h, memory, memory_mask),
-        )
-
-    def wire_sublayers(
-        self, x: Tensor, self_attention: Callable[[Tensor], Tensor], cross_attention: Callable[[Tensor], Tensor]
-    ) -> Tensor:
-        """The layer's residual connections and LayerNorms around its three sub-layers, post- or pre-norm.
-
-        ``forward`` passes its attention branches; incremental decoding with a key–value cache
-        (:func:`attention_course.efficient.decoder_layer_step`) passes cached ones, so both share this wiring.
-
-        Args:
-            x: ``(B, t, d_model)``.
-            self_attention, cross_attention: branches ``(B, t, d_model) -> (B, t, d_model)``, dropout included.
-        """
+        if cache is not None and not isinstance(cache, DecoderLayerCache):
+            raise TypeError(f"cache must be an attention_course.DecoderLayerCache, got {type(cache).__name__}")
+        self_cache = None if cache is None else cache.self_attention
         if self.norm_first:
-            x = x + self_attention(self.norm1(x))
-            x = x + cross_attention(self.norm2(x))
+            x = x + self.self_attention_block(self.norm1(x), self_mask, self_cache)
+            x = x + self.cross_attention_block(self.norm2(x), memory, memory_mask, cache)
             return x + self.feed_forward_block(self.norm3(x))
-        x = self.norm1(x + self_attention(x))
-        x = self.norm2(x + cross_attention(x))
+        x = self.norm1(x + self.self_attention_block(x, self_mask, self_cache))
+        x = self.norm2(x + self.cross_attention_block(x, memory, memory_mask, cache))
         return self.norm3(x + self.feed_forward_block(x))
 
     @classmethod

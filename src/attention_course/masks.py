@@ -4,6 +4,7 @@ Shapes, for scores of shape ``(B, H, Lq, Lk)`` (batch, heads, queries, keys):
 
 - :func:`causal_mask` ``(L, L)``: broadcasts to every batch item and head (self-attention, Lq = Lk = L).
 - :func:`padding_mask` ``(B, 1, 1, Lk)``: hides padded *keys* for every head and every query.
+- :func:`sliding_window_mask` ``(L, L)``: causal, and at most ``window`` keys back (Longformer, Mistral).
 - :func:`combine_masks` ANDs masks together, e.g. a decoder's ``(B, 1, L, L)`` causal-and-padding mask.
 
 ``torch.nn.MultiheadAttention`` uses the opposite convention (True = blocked); convert with ``~mask``.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal_mask", "combine_masks", "padding_mask"]
+__all__ = ["causal_mask", "combine_masks", "padding_mask", "sliding_window_mask"]
 
 
 def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
@@ -36,6 +37,37 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"size must be a positive int, got {size!r}")
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+def sliding_window_mask(length: int, window: int, device: torch.device | str | None = None) -> Tensor:
+    """Causal sliding-window mask: query ``i`` may attend to keys ``j`` with ``0 <= i - j < window``.
+
+    Each query sees itself and the ``window - 1`` tokens before it (Beltagy et al. 2020 use a symmetric
+    window in an encoder; decoder-only models such as Mistral use this causal one). With ``window >= length``
+    it equals :func:`causal_mask`. A stack of ``n`` such layers still carries information from up to
+    ``n · (window - 1)`` tokens back, one window per layer.
+
+    Args:
+        length: sequence length L (a positive int).
+        window: how many keys each query sees, itself included (a positive int).
+        device: where to create the mask.
+
+    Returns:
+        ``(length, length)`` bool tensor, a band of width ``window`` on and below the diagonal.
+
+    Example:
+        >>> sliding_window_mask(4, 2).int()
+        tensor([[1, 0, 0, 0],
+                [1, 1, 0, 0],
+                [0, 1, 1, 0],
+                [0, 0, 1, 1]], dtype=torch.int32)
+    """
+    for name, value in (("length", length), ("window", window)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    positions = torch.arange(length, device=device)
+    offset = positions[:, None] - positions[None, :]  # (L, L): i - j
+    return (offset >= 0) & (offset < window)
 
 
 def padding_mask(token_ids: Tensor, pad_id: int) -> Tensor:

@@ -6,6 +6,16 @@
 The h per-head projections are stored as one ``(d_model, d_model)`` linear layer each for queries, keys and
 values; :meth:`MultiHeadAttention.split_heads` reshapes their output so that all heads run in one batched
 matrix product, and :meth:`MultiHeadAttention.merge_heads` concatenates the heads again.
+
+Options of chapters 14 and 15, all off by default (the paper's layer):
+
+- ``positions="rotary"`` rotates queries and keys by their positions (:func:`~attention_course.apply_rotary`);
+  ``positions="alibi"`` adds ALiBi's linear distance bias to the scores (:func:`~attention_course.alibi_bias`).
+- ``num_kv_heads`` < ``num_heads``: grouped-query attention (``1``: multi-query), with key and value
+  projections of ``num_kv_heads * d_head`` columns (:func:`~attention_course.grouped_query_attention`).
+- ``forward(..., cache=KVCache())``: incremental decoding, the new positions' keys and values appended to
+  the cache; :meth:`MultiHeadAttention.attend` takes precomputed keys and values (a decoder's
+  cross-attention computes those of the encoder output once).
 """
 
 from __future__ import annotations
@@ -13,9 +23,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attention_course.attention import scaled_dot_product_attention
+from attention_course.alibi import alibi_bias_at, alibi_slopes
+from attention_course.checks import check_int
+from attention_course.grouped_query import grouped_query_attention
+from attention_course.kv_cache import KVCache
+from attention_course.rotary import apply_rotary
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["POSITION_SCHEMES", "MultiHeadAttention"]
+
+POSITION_SCHEMES = (None, "rotary", "alibi")
 
 
 class MultiHeadAttention(nn.Module):
@@ -27,12 +43,17 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout probability on the attention weights (as in ``nn.MultiheadAttention``), active in
             training mode only.
         bias: whether the four projections have a bias.
+        num_kv_heads: key/value heads (default ``num_heads``: multi-head attention); must divide
+            ``num_heads``. Fewer gives grouped-query attention, ``1`` multi-query attention.
+        positions: ``None`` (positions, if any, were added to the input), ``"rotary"`` (rotate queries and
+            keys by their positions) or ``"alibi"`` (add ``-m_h·|i - j|`` to head h's scores).
+        rotary_base: the frequency base of the rotary embedding.
 
     Attributes:
         w_q: the query projection, ``nn.Linear(d_model, d_model)``. Row-vector convention:
             ``Q = query @ w_q.weight.T + w_q.bias``.
-        w_k: the key projection, ``nn.Linear(d_model, d_model)``.
-        w_v: the value projection, ``nn.Linear(d_model, d_model)``.
+        w_k: the key projection, ``nn.Linear(d_model, num_kv_heads * d_head)``.
+        w_v: the value projection, ``nn.Linear(d_model, num_kv_heads * d_head)``.
         w_o: the output projection applied to the merged heads, ``nn.Linear(d_model, d_model)``.
 
     Shapes (B = batch, Lq = query length, Lk = key/value length):
@@ -42,7 +63,18 @@ class MultiHeadAttention(nn.Module):
         ``query`` and the encoder output as ``key`` and ``value``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+    alibi_slopes: Tensor
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
+        positions: str | None = None,
+        rotary_base: float = 10000.0,
+    ) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -54,27 +86,53 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_int("num_kv_heads", num_kv_heads)
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}: each "
+                             "key/value head serves a group of num_heads / num_kv_heads query heads")
+        if positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions must be one of {POSITION_SCHEMES}, got {positions!r}")
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.d_head = d_model // num_heads
+        if positions == "rotary" and self.d_head % 2 != 0:
+            raise ValueError(f"positions='rotary' needs an even d_head (features rotate in pairs), got "
+                             f"d_head={self.d_head}")
+        self.positions = positions
+        self.rotary_base = float(rotary_base)
         self.dropout = float(dropout)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
-        self.w_k = nn.Linear(d_model, d_model, bias=bias)
-        self.w_v = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(d_model, num_kv_heads * self.d_head, bias=bias)
+        self.w_v = nn.Linear(d_model, num_kv_heads * self.d_head, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        # A buffer: it follows .to(device) but is not trained (ALiBi's slopes are fixed).
+        self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projection weights and zero biases, close to ``nn.MultiheadAttention``'s init."""
+        """Xavier-uniform projection weights and zero biases.
+
+        Each projection gets std ``√(2 / (fan_in + fan_out))``, ``√(1/d_model)`` for the square ones. This is
+        *larger* than ``nn.MultiheadAttention``'s init: it applies Xavier to the stacked ``(3d, d)`` input
+        projection (std ``√(1/(2d))``, so ours is √2 ≈ 1.4x larger) and leaves the output projection at
+        ``nn.Linear``'s default (std ``1/√(3d)``, ours √3 ≈ 1.7x larger). :meth:`from_torch` copies weights,
+        so equivalence tests do not depend on the init.
+        """
         for linear in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(linear.weight)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, d_model) -> (B, H, L, d_head)``: head ``i`` gets features ``i*d_head:(i+1)*d_head``."""
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.d_head).transpose(1, 2)
+        """``(B, L, heads * d_head) -> (B, heads, L, d_head)``: head ``i`` gets features ``i*d_head:(i+1)*d_head``.
+
+        ``heads`` is ``num_heads`` for queries and ``num_kv_heads`` for keys and values (the same unless the
+        layer uses grouped-query attention).
+        """
+        batch, length, features = x.shape
+        return x.view(batch, length, features // self.d_head, self.d_head).transpose(1, 2)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         """``(B, H, L, d_head) -> (B, L, d_model)``: the inverse of :meth:`split_heads` (concatenate heads)."""
@@ -97,7 +155,69 @@ class MultiHeadAttention(nn.Module):
                 f"key and value must have the same length, got shapes {tuple(key.shape)} and {tuple(value.shape)}"
             )
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def project_kv(self, key: Tensor, value: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-head keys and values, ``(B, Lk, d_model)`` -> ``(B, Hkv, Lk, d_head)`` each.
+
+        With ``positions="rotary"`` the keys are rotated by ``positions`` (default ``arange(Lk)``); these are
+        what a KV cache stores, and what :meth:`attend` takes.
+        """
+        keys = self.split_heads(self.w_k(key))  # (B, Hkv, Lk, d_head)
+        values = self.split_heads(self.w_v(value))  # (B, Hkv, Lk, d_head)
+        if self.positions == "rotary":
+            keys = apply_rotary(keys, positions, self.rotary_base)
+        return keys, values
+
+    def attend(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor | None = None,
+        query_positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Attend from ``query (B, Lq, d_model)`` to precomputed per-head ``keys``/``values`` ``(B, Hkv, Lk, d_head)``.
+
+        Args:
+            query: ``(B, Lq, d_model)``, projected here.
+            keys, values: from :meth:`project_kv` (or a :class:`~attention_course.KVCache`).
+            mask: bool, broadcastable to ``(B, H, Lq, Lk)``, True = may attend.
+            query_positions: ``(Lq,)`` positions of the queries (rotary and ALiBi); default ``arange(Lq)``.
+            key_positions: ``(Lk,)`` positions of the keys (ALiBi); default ``arange(Lk)``.
+
+        Returns:
+            ``(output (B, Lq, d_model), weights (B, H, Lq, Lk))``.
+        """
+        if query.dim() != 3 or query.size(-1) != self.d_model:
+            raise ValueError(f"query must have shape (batch, length, d_model={self.d_model}), got "
+                             f"{tuple(query.shape)}")
+        expected = (query.size(0), self.num_kv_heads, self.d_head)
+        for name, tensor in (("keys", keys), ("values", values)):
+            if tensor.dim() != 4 or (tensor.size(0), tensor.size(1), tensor.size(3)) != expected:
+                raise ValueError(f"{name} must have shape (batch={expected[0]}, kv_heads={expected[1]}, length, "
+                                 f"d_head={expected[2]}), got {tuple(tensor.shape)}")
+        q = self.split_heads(self.w_q(query))  # (B, H, Lq, d_head)
+        if query_positions is None:
+            query_positions = torch.arange(query.size(1), device=query.device)
+        bias = None
+        if self.positions == "rotary":
+            q = apply_rotary(q, query_positions, self.rotary_base)
+        elif self.positions == "alibi":
+            if key_positions is None:
+                key_positions = torch.arange(keys.size(2), device=query.device)
+            bias = alibi_bias_at(self.alibi_slopes, query_positions, key_positions).to(q.dtype)  # (H, Lq, Lk)
+        dropout_p = self.dropout if self.training else 0.0
+        heads, weights = grouped_query_attention(q, keys, values, mask=mask, dropout_p=dropout_p, bias=bias)
+        return self.w_o(self.merge_heads(heads)), weights  # (B, Lq, d_model), (B, H, Lq, Lk)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Attend from ``query`` to ``key``/``value``.
 
         Args:
@@ -106,18 +226,36 @@ class MultiHeadAttention(nn.Module):
             value: ``(B, Lk, d_model)``.
             mask: optional bool tensor broadcastable to ``(B, H, Lq, Lk)``, True = may attend; e.g. a
                 causal mask ``(Lq, Lk)`` or a padding mask ``(B, 1, 1, Lk)``.
+            cache: a :class:`~attention_course.KVCache` for causal self-attention, one token (or a few) at a
+                time: ``query``, ``key`` and ``value`` are the *new* positions ``p .. p + t - 1`` (``p =
+                cache.position``); their keys and values are appended to the cache and the queries attend to
+                everything the cache holds. With ``mask=None`` the mask is built here: causal, and limited to
+                the cache's window if it has one. A given mask must broadcast to ``(B, H, t, len(keys))``.
 
         Returns:
-            ``(output, weights)``: ``(B, Lq, d_model)`` and the per-head weights ``(B, H, Lq, Lk)``.
+            ``(output, weights)``: ``(B, Lq, d_model)`` and the per-head weights ``(B, H, Lq, Lk)`` (with a
+            cache, ``Lk`` counts the cached positions too).
         """
         self._check_inputs(query, key, value)
-        q = self.split_heads(self.w_q(query))  # (B, H, Lq, d_head)
-        k = self.split_heads(self.w_k(key))  # (B, H, Lk, d_head)
-        v = self.split_heads(self.w_v(value))  # (B, H, Lk, d_head)
-        dropout_p = self.dropout if self.training else 0.0
-        heads, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p)
-        output = self.w_o(self.merge_heads(heads))  # (B, Lq, d_model)
-        return output, weights
+        if cache is None:
+            keys, values = self.project_kv(key, value)  # (B, Hkv, Lk, d_head)
+            return self.attend(query, keys, values, mask)
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be an attention_course.KVCache, got {type(cache).__name__}")
+        if query.size(1) != key.size(1):
+            raise ValueError(f"with a cache, query, key and value are the same new positions (self-attention), "
+                             f"got query length {query.size(1)} and key length {key.size(1)}")
+        new = query.size(1)
+        query_positions = torch.arange(cache.position, cache.position + new, device=query.device)  # (t,)
+        keys, values = cache.append(*self.project_kv(key, value, query_positions))  # (B, Hkv, Lk, d_head)
+        key_positions = torch.arange(cache.position - keys.size(2), cache.position, device=query.device)
+        if mask is None:
+            offset = query_positions[:, None] - key_positions[None, :]  # (t, Lk): how far back each key is
+            allowed = offset >= 0
+            if cache.window is not None:
+                allowed &= offset < cache.window
+            mask = None if bool(allowed.all()) else allowed
+        return self.attend(query, keys, values, mask, query_positions, key_positions)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
@@ -160,4 +298,7 @@ class MultiHeadAttention(nn.Module):
         return new
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_head={self.d_head}, dropout={self.dropout}"
+        text = f"d_model={self.d_model}, num_heads={self.num_heads}, d_head={self.d_head}, dropout={self.dropout}"
+        if self.num_kv_heads != self.num_heads:
+            text += f", num_kv_heads={self.num_kv_heads}"
+        return text + (f", positions={self.positions!r}" if self.positions is not None else "")
