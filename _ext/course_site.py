@@ -1,0 +1,133 @@
+"""Sphinx extension for the course website: what readers and learners get from the built pages.
+
+- Exercise pages render the solution notebooks (``exercises/solutions/exNN_*.ipynb``), but learners must get the
+  learner version: their Colab and download buttons open ``exercises/exNN_*.ipynb``, whose copy the build puts
+  next to the page's own source in ``_sources/``.
+- A hidden code cell that holds a solution says "Show solution" instead of "Show code cell source", and the
+  ``### BEGIN SOLUTION`` / ``### END SOLUTION`` markers (for the notebook generator) are not shown.
+- Images embedded in outputs as ``data:`` URIs (``ac.show_figure`` and the frames of ``ac.interactive_figure``)
+  become files in ``_images/``: the page stays small, the browser caches them, and an interactive figure's
+  frames load only when a reader moves its controls.
+- The search ranks the lessons above the glossary and the exercise pages for a term they share.
+- Library source dumps (``ac.show``) and MathJax stay out of the keyboard's way (see _static/course.css and the
+  MathJax settings in _config.yml).
+
+Loaded through ``sphinx: local_extensions`` in _config.yml.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+LOGGER = logging.getLogger(__name__)
+
+SOLUTIONS = "exercises/solutions/"
+MARKER_LINE = re.compile(r"^[ \t]*#{2,3} ?(BEGIN|END) SOLUTION[ \t]*\n?", re.MULTILINE)
+DATA_URI = re.compile(r"data:image/(png|jpeg|gif);base64,([A-Za-z0-9+/=\s]+?)(?=[\"'\\)])")
+SHOW_SOLUTION, HIDE_SOLUTION = "Show solution", "Hide solution"
+
+
+# --- exercise pages ---------------------------------------------------------------------------------------------
+
+
+def learner_docname(docname: str) -> str | None:
+    """``exercises/solutions/ex02_x`` -> ``exercises/ex02_x``; None for pages that are not solutions."""
+    if not docname.startswith(SOLUTIONS):
+        return None
+    return "exercises/" + docname[len(SOLUTIONS) :]
+
+
+def label_and_strip_solutions(app: Sphinx, doctree: nodes.document) -> None:
+    """On exercise pages: name solution toggles "Show solution" and drop the solution marker lines."""
+    docname = app.env.docname
+    if not docname.startswith("exercises/"):
+        return
+    for cell in doctree.findall(nodes.container):
+        if cell.get("nb_element") != "cell_code":
+            continue
+        blocks = [block for block in cell.findall(nodes.literal_block)]
+        has_solution = any(MARKER_LINE.search(block.astext()) for block in blocks)
+        if not has_solution:
+            continue
+        if cell.get("hide_mode"):
+            cell["prompt_show"], cell["prompt_hide"] = SHOW_SOLUTION, HIDE_SOLUTION
+        for block in blocks:
+            text = block.astext()
+            if MARKER_LINE.search(text):
+                stripped = MARKER_LINE.sub("", text)
+                block.rawsource = stripped
+                block.children = [nodes.Text(stripped)]
+
+
+def _rewrite_urls(item: Any, old: str, new: str) -> None:
+    if isinstance(item, dict):
+        for key, value in item.items():
+            if key == "url" and isinstance(value, str):
+                item[key] = value.replace(old, new)
+            else:
+                _rewrite_urls(value, old, new)
+    elif isinstance(item, list):
+        for value in item:
+            _rewrite_urls(value, old, new)
+
+
+def learner_buttons(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Point an exercise page's launch and download buttons at the learner notebook."""
+    learner = learner_docname(pagename)
+    if learner is None or "header_buttons" not in context:
+        return
+    source = Path(app.srcdir) / f"{learner}.ipynb"
+    if not source.exists():
+        LOGGER.warning(f"{pagename}: no learner notebook {learner}.ipynb to offer", type="course", subtype="learner")
+        return
+    target = Path(app.outdir) / "_sources" / f"{learner}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    _rewrite_urls(context["header_buttons"], f"{pagename}.ipynb", f"{learner}.ipynb")
+
+
+# --- images embedded as data URIs -------------------------------------------------------------------------------
+
+
+def externalize_images(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Write every ``data:image/...`` URI of the page body to ``_images/`` and link the file instead."""
+    body = context.get("body")
+    if not body or "data:image/" not in body:
+        return
+    images = Path(app.outdir) / "_images"
+    images.mkdir(parents=True, exist_ok=True)
+    pathto = context["pathto"]
+
+    def replace(match: re.Match) -> str:
+        kind, encoded = match.group(1), re.sub(r"\s+", "", match.group(2))
+        data = base64.b64decode(encoded)
+        name = f"inline-{hashlib.sha256(data).hexdigest()[:24]}.{'jpg' if kind == 'jpeg' else kind}"
+        path = images / name
+        if not path.exists():
+            path.write_bytes(data)
+        return pathto(f"_images/{name}", 1)
+
+    context["body"] = DATA_URI.sub(replace, body)
+
+
+# --- site-wide assets ---------------------------------------------------------------------------------------------
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("doctree-read", label_and_strip_solutions)
+    # After the book theme has made its buttons (priority 501).
+    app.connect("html-page-context", learner_buttons, priority=600)
+    app.connect("html-page-context", externalize_images, priority=600)
+    # course.js runs before searchtools.js (its Scorer ranks lessons first) and fixes the theme's accessibility.
+    app.add_js_file("course.js", priority=100)
+    app.add_css_file("course.css", priority=900)
+    return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}
