@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import inspect
+import re
 import textwrap
 from typing import Any
 
@@ -15,6 +17,23 @@ def source_of(obj: Any) -> str:
         return textwrap.dedent(inspect.getsource(obj))
     except (TypeError, OSError) as error:
         raise TypeError(f"cannot show the source of {obj!r}: {error}") from None
+
+
+# Sphinx roles (:func:`~a.b`, :class:`x`, :cite:p:`key`) and reST inline literals (``x``) in docstrings: the
+# reference pages render them, a source listing shows them as plain `code`.
+_ROLE = re.compile(r":(?:[a-z]+:)?[a-z]+:`(~?)([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def _role_text(match: re.Match) -> str:
+    short, target = match.groups()
+    target = target.split("<")[-1].rstrip(">") if "<" in target else target
+    return f"`{target.rsplit('.', 1)[-1] if short else target}`"
+
+
+def plain_docstring_markup(source: str) -> str:
+    """``source`` with reST roles and double-backtick literals turned into single-backtick code."""
+    return _LITERAL.sub(r"`\1`", _ROLE.sub(_role_text, source))
 
 
 class _HighlightedSource:
@@ -30,11 +49,13 @@ class _HighlightedSource:
         from pygments.lexers import PythonLexer
 
         formatter = HtmlFormatter(noclasses=True, style="default", nowrap=False)
-        body = highlight(self.source, PythonLexer(), formatter)
+        body = highlight(plain_docstring_markup(self.source), PythonLexer(), formatter)
+        lines = self.source.count("\n") + 1
+        # Collapsed: a lesson shows the library's version after building it step by step; the reader opens it.
         return (
-            '<div class="library-source" style="border-left:4px solid #0072B2;padding-left:0.6em">'
-            f'<p style="margin:0 0 0.3em 0;font-size:0.9em"><strong>Library source:</strong> '
-            f"<code>{self.title}</code></p>{body}</div>"
+            '<details class="library-source" style="border-left:4px solid #0072B2;padding-left:0.6em">'
+            '<summary style="cursor:pointer;font-size:0.9em"><strong>Library source:</strong> '
+            f"<code>{html.escape(self.title)}</code> ({lines} lines)</summary>{body}</details>"
         )
 
     def __repr__(self) -> str:

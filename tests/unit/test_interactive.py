@@ -247,3 +247,19 @@ def test_show_figure_embeds_a_png_at_twice_its_displayed_size(monkeypatch):
     png = base64.b64decode(tag["src"].removeprefix("data:image/png;base64,"))
     assert int.from_bytes(png[16:20], "big") >= 2 * int(tag["width"]) - 1
     assert 250 <= int(tag["width"]) <= 300, "a 3-inch figure at 100 dpi displays about 300 px wide (tight bbox)"
+
+
+def test_library_source_is_collapsed_and_free_of_rest_markup():
+    shown = ac.show(ac.scaled_dot_product_attention)
+    document = BeautifulSoup(shown._repr_html_(), "html.parser")
+    details = document.find("details", class_="library-source")
+    assert details is not None and not details.has_attr("open"), "the source starts collapsed"
+    assert "scaled_dot_product_attention" in details.summary.get_text()
+    text = details.get_text()
+    assert "``" not in text and ":func:`" not in text and ":class:`" not in text
+    from attention_course.display import plain_docstring_markup
+
+    assert plain_docstring_markup("Use :func:`~attention_course.masks.causal_mask` on ``(B, L)``.") == (
+        "Use `causal_mask` on `(B, L)`."
+    )
+    assert plain_docstring_markup(":cite:p:`vaswani2017` and :class:`Tensor`") == "`vaswani2017` and `Tensor`"
