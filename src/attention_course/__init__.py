@@ -59,6 +59,11 @@ from attention_course.efficient import (
     tiled_attention,
 )
 
+# Chapter 13: decoder-only language models
+from attention_course.language_model import DecoderOnlyBlock, DecoderOnlyLM
+from attention_course.sampling import sample_next_token
+from attention_course.vocabulary import Vocabulary
+
 # Chapters 14 and 15: positions for long contexts, attention at inference scale
 from attention_course.alibi import alibi_bias, alibi_slopes
 from attention_course.cost import kv_cache_bytes

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attention_course.tasks.sequences import BOS, EOS, PAD
+from attention_course.vocabulary import Vocabulary
 
 __all__ = [
     "ADJECTIVES",
@@ -113,12 +114,14 @@ def translate(english: str) -> str:
     return " ".join(french)
 
 
-def _vocabulary(words: set[str]) -> list[str]:
-    return list(SPECIALS) + sorted(words)
+def _vocabulary(words: set[str]) -> Vocabulary:
+    return Vocabulary(sorted(words), specials=SPECIALS)
 
 
-SOURCE_VOCAB: list[str] = _vocabulary({"the", *NOUNS, *ADJECTIVES, *VERBS})
-TARGET_VOCAB: list[str] = _vocabulary(
+#: The English vocabulary: a :class:`~attention_course.vocabulary.Vocabulary` (indexable like a list of words).
+SOURCE_VOCAB: Vocabulary = _vocabulary({"the", *NOUNS, *ADJECTIVES, *VERBS})
+#: The French vocabulary, ids as :data:`SOURCE_VOCAB`.
+TARGET_VOCAB: Vocabulary = _vocabulary(
     {*ARTICLES.values(), *(noun for noun, _ in NOUNS.values()), *itertools.chain(*ADJECTIVES.values()),
      *itertools.chain(*VERBS.values())}
 )
@@ -133,16 +136,16 @@ class PhraseTask:
         src: ``(N, S)`` English ids.
         tgt_in: ``(N, T)`` BOS + French ids.
         tgt_out: ``(N, T)`` French ids + EOS.
-        source_vocab: id → English word list (``vocab[id]``).
-        target_vocab: id → French word list.
+        source_vocab: the English :class:`~attention_course.vocabulary.Vocabulary` (``vocab[id]`` is a word).
+        target_vocab: the French vocabulary.
     """
 
     pairs: list[tuple[str, str]]
     src: Tensor
     tgt_in: Tensor
     tgt_out: Tensor
-    source_vocab: list[str]
-    target_vocab: list[str]
+    source_vocab: Vocabulary
+    target_vocab: Vocabulary
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -160,7 +163,7 @@ class PhraseTask:
         return _decode(ids, self.source_vocab)
 
 
-def _encode(sentences: list[list[str]], vocab: list[str]) -> Tensor:
+def _encode(sentences: list[list[str]], vocab: Vocabulary) -> Tensor:
     index = {word: i for i, word in enumerate(vocab)}
     unknown = sorted({word for words in sentences for word in words if word not in index})
     if unknown:
@@ -170,7 +173,7 @@ def _encode(sentences: list[list[str]], vocab: list[str]) -> Tensor:
     return torch.tensor(rows, dtype=torch.long)  # (N, longest), right-padded
 
 
-def _decode(ids: Tensor | list[int], vocab: list[str]) -> list[str]:
+def _decode(ids: Tensor | list[int], vocab: Vocabulary) -> list[str]:
     words = []
     for token in ids.tolist() if isinstance(ids, Tensor) else ids:
         if token in (EOS, PAD):

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attention_course.vocabulary import CLS, PAD, UNK, Vocabulary
+
 __all__ = [
     "ADJECTIVES",
     "CLS",
@@ -66,12 +68,6 @@ __all__ = [
     "make_review_splits",
 ]
 
-#: The padding token, which fills reviews up to the batch's length; masked out of attention and pooling.
-PAD = "<pad>"
-#: Classification token, put first in every review; its final state can stand for the whole review.
-CLS = "<cls>"
-#: Stands for any word outside the vocabulary.
-UNK = "<unk>"
 
 POSITIVE = ("good", "great", "fun", "clever", "moving", "superb", "lovely", "gripping")
 NEGATIVE = ("bad", "dull", "awful", "boring", "weak", "clumsy", "tedious", "bland")
@@ -105,8 +101,10 @@ def _vocabulary_words() -> tuple[str, ...]:
     return tuple(words)
 
 
-class ReviewVocabulary:
-    """A fixed word <-> id map; ids 0, 1, 2 are ``<pad>``, ``<cls>`` and ``<unk>``.
+class ReviewVocabulary(Vocabulary):
+    """The course's :class:`~attention_course.vocabulary.Vocabulary` with ``<pad>``, ``<cls>``, ``<unk>`` first.
+
+    Reviews are lower-cased and split on spaces (a comma is its own token); unknown words become ``<unk>``.
 
     Args:
         words: all words, specials first (default: every word the grammar produces).
@@ -118,23 +116,28 @@ class ReviewVocabulary:
             raise ValueError(f"the vocabulary must start with {PAD!r}, {CLS!r}, {UNK!r}, got {words[:3]}")
         if len(set(words)) != len(words):
             raise ValueError("the vocabulary has duplicate words")
-        self.words = words
-        self.index = {word: i for i, word in enumerate(words)}
-        self.pad_id, self.cls_id, self.unk_id = 0, 1, 2
+        super().__init__(words[3:], specials=(PAD, CLS, UNK))
 
-    def __len__(self) -> int:
-        return len(self.words)
+    @property
+    def words(self) -> tuple[str, ...]:
+        """Every token, by id (the same as ``itos``, as a tuple)."""
+        return tuple(self.itos)
 
-    def encode(self, tokens: Sequence[str] | str, add_cls: bool = True) -> list[int]:
+    @property
+    def index(self) -> dict[str, int]:
+        """Token -> id (the same as ``stoi``)."""
+        return self.stoi
+
+    def encode(self, tokens: Sequence[str] | str, add_cls: bool = True) -> list[int]:  # type: ignore[override]
         """Token ids of one review (a string is split on spaces); unknown words become ``<unk>``."""
         if isinstance(tokens, str):
             tokens = tokens.replace(",", " , ").split()
-        ids = [self.index.get(token.lower(), self.unk_id) for token in tokens]
+        ids = self.ids(token.lower() for token in tokens)
         return [self.cls_id, *ids] if add_cls else ids
 
-    def decode(self, ids: Iterable[int], skip_pad: bool = True) -> list[str]:
+    def decode(self, ids: Iterable[int], skip_pad: bool = True) -> list[str]:  # type: ignore[override]
         """Words of a sequence of ids (padding dropped unless ``skip_pad=False``)."""
-        return [self.words[int(i)] for i in ids if not (skip_pad and int(i) == self.pad_id)]
+        return [self.itos[int(i)] for i in ids if not (skip_pad and int(i) == self.pad_id)]
 
     def batch(self, reviews: Sequence[Sequence[str] | str], max_len: int | None = None,
               add_cls: bool = True) -> Tensor:
@@ -147,13 +150,9 @@ class ReviewVocabulary:
             raise ValueError("batch() needs at least one review")
         encoded = [self.encode(review, add_cls=add_cls) for review in reviews]
         longest = max(len(ids) for ids in encoded)
-        length = longest if max_len is None else max_len
-        if longest > length:
+        if max_len is not None and longest > max_len:
             raise ValueError(f"a review has {longest} tokens, more than max_len={max_len}")
-        out = torch.full((len(encoded), length), self.pad_id, dtype=torch.long)
-        for row, ids in enumerate(encoded):
-            out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return out
+        return self.pad_batch(encoded, max_len)
 
 
 #: The vocabulary of the grammar (shared by every split).

@@ -44,11 +44,13 @@ Typical use::
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from attention_course.vocabulary import Vocabulary as SharedVocabulary
 
 __all__ = [
     "ANIMALS",
@@ -335,77 +337,9 @@ def _choose_held_out(rng: random.Random) -> HeldOut:
 # ----------------------------------------------------------------------------------------------------------
 # Vocabulary
 # ----------------------------------------------------------------------------------------------------------
-class Vocabulary:
-    """Words ↔ integer ids, with padding, beginning-of-sentence and end-of-sentence tokens first.
-
-    Ids: ``pad_id = 0``, ``bos_id = 1``, ``eos_id = 2``, then the words in the order given.
-
-    Args:
-        words: the vocabulary's words (duplicates are ignored; special tokens may not appear).
-    """
-
-    PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
-
-    def __init__(self, words: Iterable[str]) -> None:
-        self.itos: list[str] = [self.PAD, self.BOS, self.EOS]
-        for word in words:
-            if not isinstance(word, str) or not word or " " in word:
-                raise ValueError(f"vocabulary words must be non-empty strings without spaces, got {word!r}")
-            if word in (self.PAD, self.BOS, self.EOS):
-                raise ValueError(f"{word!r} is a special token and cannot be a vocabulary word")
-            if word not in self.itos:
-                self.itos.append(word)
-        self.stoi: dict[str, int] = {word: index for index, word in enumerate(self.itos)}
-        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
-
-    def __len__(self) -> int:
-        return len(self.itos)
-
-    def __contains__(self, word: object) -> bool:
-        return word in self.stoi
-
-    def __repr__(self) -> str:
-        return f"Vocabulary({len(self)} tokens: {' '.join(self.itos[:8])} ...)"
-
-    def encode(self, sentence: str | Sequence[str], add_bos: bool = True, add_eos: bool = True) -> list[int]:
-        """Ids of a sentence (a string of space-separated words, or a list of words), framed by bos/eos.
-
-        Raises:
-            KeyError: a word is not in the vocabulary (there is no unknown-word token: the language is closed).
-        """
-        words = sentence.split() if isinstance(sentence, str) else list(sentence)
-        unknown = [word for word in words if word not in self.stoi]
-        if unknown:
-            raise KeyError(f"words not in the vocabulary: {unknown}")
-        ids = [self.stoi[word] for word in words]
-        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
-
-    def decode(self, ids: Iterable[int] | Tensor, strip_special: bool = True) -> str:
-        """The sentence of a sequence of ids: stops at the first eos; bos and padding are dropped.
-
-        With ``strip_special=False`` every token is written out, special ones included.
-        """
-        if isinstance(ids, Tensor):
-            if ids.dim() != 1:
-                raise ValueError(f"decode takes one sequence of ids (1-D), got shape {tuple(ids.shape)}")
-            ids = ids.tolist()
-        words = []
-        for index in ids:
-            if not 0 <= index < len(self.itos):
-                raise ValueError(f"id {index} is outside the vocabulary of {len(self.itos)} tokens")
-            if strip_special:
-                if index == self.eos_id:
-                    break
-                if index in (self.pad_id, self.bos_id):
-                    continue
-            words.append(self.itos[index])
-        return " ".join(words)
-
-    def tokens(self, ids: Iterable[int] | Tensor) -> list[str]:
-        """The token strings of ``ids``, special tokens included (labels for attention plots)."""
-        if isinstance(ids, Tensor):
-            ids = ids.tolist()
-        return [self.itos[index] for index in ids]
+#: The vocabulary type of this task: the course's shared :class:`attention_course.vocabulary.Vocabulary`
+#: (``<pad>``, ``<bos>``, ``<eos>`` first; words without spaces; unknown words raise ``KeyError``).
+Vocabulary = SharedVocabulary
 
 
 def english_vocabulary() -> Vocabulary:
