@@ -8,6 +8,10 @@
 - Images embedded in outputs as ``data:`` URIs (``ac.show_figure`` and the frames of ``ac.interactive_figure``)
   become files in ``_images/``: the page stays small, the browser caches them, and an interactive figure's
   frames load only when a reader moves its controls.
+- Each executed page's kernel CPU time is measured (the build's children's CPU time before and after the page
+  is read: the kernel is a child process, reaped when its notebook is done) and written, with the wall time,
+  to ``_build/html/cpu-times.json`` and the Runtimes page's table (``{course-cpu-table}``). CPU time does
+  not grow when other work shares the machine, so the runtime budgets are checked on it.
 - The search ranks the lessons above the glossary and the exercise pages for a term they share.
 - Library source dumps (``ac.show``) and MathJax stay out of the keyboard's way (see _static/course.css and the
   MathJax settings in _config.yml).
@@ -19,8 +23,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
+import resource
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +126,99 @@ def externalize_images(app: Sphinx, pagename: str, templatename: str, context: d
     context["body"] = DATA_URI.sub(replace, body)
 
 
+# --- kernel CPU time of each executed page -----------------------------------------------------------------------
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_clock(app: Sphinx, docname: str, source: list[str]) -> None:
+    app.env.course_clock = (docname, _children_cpu(), time.perf_counter())
+
+
+def stop_clock(app: Sphinx, doctree: nodes.document) -> None:
+    docname, cpu, wall = getattr(app.env, "course_clock", (None, 0.0, 0.0))
+    if docname != app.env.docname or not (Path(app.srcdir) / f"{docname}.ipynb").exists():
+        return
+    timings = getattr(app.env, "course_cpu_times", {})
+    timings[docname] = {"cpu_s": round(_children_cpu() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+    app.env.course_cpu_times = timings
+
+
+def purge_clock(app: Sphinx, env, docname: str) -> None:
+    getattr(env, "course_cpu_times", {}).pop(docname, None)
+
+
+def merge_clock(app: Sphinx, env, docnames, other) -> None:
+    env.course_cpu_times = {**getattr(env, "course_cpu_times", {}), **getattr(other, "course_cpu_times", {})}
+
+
+class cpu_table_placeholder(nodes.General, nodes.Element):
+    """Replaced by the table of kernel CPU times once every page has been read."""
+
+
+def fill_cpu_tables(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    timings = getattr(app.env, "course_cpu_times", {})
+    for placeholder in list(doctree.findall(cpu_table_placeholder)):
+        table = nodes.table(classes=["course-cpu-table"], ids=["kernel-cpu-times"])
+        group = nodes.tgroup(cols=3)
+        table += group
+        group.extend(nodes.colspec(colwidth=width) for width in (60, 20, 20))
+        head, body = nodes.thead(), nodes.tbody()
+        group += head
+        group += body
+
+        def row(*cells: str) -> nodes.row:
+            result = nodes.row()
+            for cell in cells:
+                entry = nodes.entry()
+                entry += nodes.paragraph(text=cell)
+                result += entry
+            return result
+
+        head += row("Document", "Kernel CPU (s)", "Wall (s)")
+        for name in sorted(timings):
+            body += row(name, f"{timings[name]['cpu_s']:.1f}", f"{timings[name]['wall_s']:.1f}")
+        total_cpu = sum(t["cpu_s"] for t in timings.values())
+        total_wall = sum(t["wall_s"] for t in timings.values())
+        body += row("Total", f"{total_cpu:.1f}", f"{total_wall:.1f}")
+        placeholder.replace_self(table)
+
+
+def write_cpu_times(app: Sphinx, exception: Exception | None) -> None:
+    if exception is None and app.builder.format == "html":
+        timings = getattr(app.env, "course_cpu_times", {})
+        path = Path(app.outdir) / "cpu-times.json"
+        path.write_text(json.dumps(timings, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def cpu_table_directive():
+    from docutils.parsers.rst import Directive
+
+    class CourseCpuTable(Directive):
+        """``{course-cpu-table}``: kernel CPU and wall time of every executed page, filled in at the end."""
+
+        def run(self):
+            return [cpu_table_placeholder()]
+
+    return CourseCpuTable
+
+
 # --- site-wide assets ---------------------------------------------------------------------------------------------
 
 
 def setup(app: Sphinx) -> dict:
     app.connect("doctree-read", label_and_strip_solutions)
+    app.add_node(cpu_table_placeholder)
+    app.add_directive("course-cpu-table", cpu_table_directive())
+    app.connect("source-read", start_clock)
+    app.connect("doctree-read", stop_clock)
+    app.connect("env-purge-doc", purge_clock)
+    app.connect("env-merge-info", merge_clock)
+    app.connect("doctree-resolved", fill_cpu_tables)
+    app.connect("build-finished", write_cpu_times)
     # After the book theme has made its buttons (priority 501).
     app.connect("html-page-context", learner_buttons, priority=600)
     app.connect("html-page-context", externalize_images, priority=600)

@@ -15,7 +15,7 @@ does), there is no kernel behind the page: the helper draws every combination of
 frames at twice the screen resolution, and emits native HTML controls (a range input, a select, a checkbox), each
 with a visible label and its value announced in the reader's units, plus a few lines of JavaScript that switch
 the image and its alt text. The website needs no widget manager, and the figure it shows is the one the controls
-say. All frames of one figure together stay within :data:`FRAME_BUDGET_BYTES`.
+say. All frames of one figure together stay within ``FRAME_BUDGET_BYTES``.
 """
 
 from __future__ import annotations
@@ -381,7 +381,7 @@ def interactive_figure(
     alt: Callable[..., str],
     *,
     budget_bytes: int = FRAME_BUDGET_BYTES,
-    **controls: _Control,
+    **controls: Slider | Choice | Toggle | Text,
 ) -> None:
     """Show a figure with controls: ipywidgets in a live kernel, precomputed frames on the website.
 
@@ -395,7 +395,7 @@ def interactive_figure(
             :class:`Toggle`, :class:`Text`.
 
     Raises:
-        ValueError: no controls, more than :data:`MAX_FRAMES` combinations, an empty alt text, or frames over
+        ValueError: no controls, more than ``MAX_FRAMES`` combinations, an empty alt text, or frames over
             ``budget_bytes`` (the message says how far over and what to trim).
         TypeError: a control that is not one of the four kinds, or ``draw`` not returning a Figure.
     """
