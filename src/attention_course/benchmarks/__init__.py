@@ -11,6 +11,8 @@ BENCHMARKS: dict[str, str] = {
     "capstone": "capstone",
     "kv_cache": "kv_cache",
     "tiled_attention": "tiled",
+    "tiled_attention_training": "tiled_training",
+    "gqa_kv_cache_bytes": "gqa_kv_cache",
     "mha_vs_torch_time_ratio": "mha",
     "grading_seconds_per_notebook": "grading",
 }
