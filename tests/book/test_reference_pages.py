@@ -12,13 +12,14 @@ from types import ModuleType
 import pytest
 
 import attention_course
-from tests.book.site import HTML, main_content, soup
+from tests.book.site import HTML, main_content, require_site, soup
 
 pytestmark = pytest.mark.book
 
 API_PAGE = HTML / "chapters" / "api.html"
 GLOSSARY_PAGE = HTML / "chapters" / "glossary.html"
 
+require_site()
 for _page in (API_PAGE, GLOSSARY_PAGE):
     if not _page.exists():
         pytest.fail(f"{_page} is missing: run `make book` before the site tests", pytrace=False)

@@ -11,11 +11,14 @@ from tests.book.site import (
     HTML,
     LESSON_BUDGET_SECONDS,
     anchors_in,
+    cpu_times,
     html_pages,
     internal_links,
+    learner_notebook,
     main_content,
     notebook_entries,
     page_for,
+    require_site,
     runtimes,
     soup,
     toc_entries,
@@ -23,8 +26,7 @@ from tests.book.site import (
 
 pytestmark = pytest.mark.book
 
-if not (HTML / "index.html").exists():
-    pytest.fail("_build/html is missing: run `make book` before the site tests", pytrace=False)
+require_site()
 
 
 @pytest.mark.parametrize("entry", toc_entries())
@@ -34,8 +36,10 @@ def test_every_toc_entry_is_built(entry):
 
 @pytest.mark.parametrize("entry", notebook_entries())
 def test_colab_button_opens_this_notebook_on_main(entry, repository_url):
+    """Lessons open themselves; exercise pages (which show the solutions) open the learner notebook."""
     github_path = repository_url.removeprefix("https://github.com/")
-    expected = f"https://colab.research.google.com/github/{github_path}/blob/main/{entry}.ipynb"
+    notebook = learner_notebook(entry) or entry
+    expected = f"https://colab.research.google.com/github/{github_path}/blob/main/{notebook}.ipynb"
     links = [
         a["href"] for a in soup(page_for(entry)).find_all("a", href=True) if "colab.research.google.com" in a["href"]
     ]
@@ -44,11 +48,31 @@ def test_colab_button_opens_this_notebook_on_main(entry, repository_url):
 
 @pytest.mark.parametrize("entry", notebook_entries())
 def test_download_button_offers_the_notebook(entry):
+    notebook = learner_notebook(entry) or entry
     hrefs = [a["href"] for a in soup(page_for(entry)).find_all("a", href=True)]
-    downloads = [href for href in hrefs if href.endswith(f"{entry.split('/')[-1]}.ipynb") and "_sources" in href]
-    assert downloads, f"{entry}: no download link to the .ipynb source"
-    target = (page_for(entry).parent / downloads[0]).resolve()
-    assert target.exists(), f"{entry}: the download link {downloads[0]} points at a missing file"
+    downloads = [href for href in hrefs if href.endswith(".ipynb") and "_sources" in href]
+    assert downloads, f"{entry}: no download link to an .ipynb source"
+    for href in downloads:
+        target = (page_for(entry).parent / href).resolve()
+        assert target == (HTML / "_sources" / f"{notebook}.ipynb").resolve(), (
+            f"{entry}: the download link {href} does not offer {notebook}.ipynb"
+        )
+        assert target.exists(), f"{entry}: the download link {href} points at a missing file"
+        if notebook != entry:
+            text = target.read_text()
+            assert "### BEGIN SOLUTION" not in text, f"{entry}: the downloaded learner notebook holds the solution"
+
+
+@pytest.mark.parametrize("entry", [e for e in notebook_entries() if learner_notebook(e)])
+def test_exercise_pages_hide_markers_and_label_solutions(entry):
+    content = main_content(page_for(entry))
+    text = content.get_text()
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text, f"{entry}: solution markers are shown"
+    summaries = [summary.get_text(" ", strip=True) for summary in content.select("details.hide > summary")]
+    assert any("Show solution" in summary for summary in summaries), f"{entry}: no 'Show solution' toggle"
+    assert not any("Show code cell source" in summary for summary in summaries), (
+        f"{entry}: a solution toggle still says 'Show code cell source'"
+    )
 
 
 @pytest.mark.parametrize("page", html_pages(), ids=lambda p: p.relative_to(HTML).as_posix())
@@ -80,36 +104,61 @@ def test_heading_levels_never_skip(entry):
         assert after <= before + 1, f"{entry}: heading level jumps from h{before} to h{after}"
 
 
-def test_runtime_table_lists_every_notebook():
-    executed = runtimes()
+def test_runtime_tables_list_every_notebook():
+    executed, measured = runtimes(), cpu_times()
     for entry in notebook_entries():
-        assert entry in executed, f"{entry} is missing from the runtime table"
+        assert entry in executed, f"{entry} is missing from the execution table"
+        assert entry in measured, f"{entry} is missing from the kernel CPU times (cpu-times.json)"
+    table = main_content(page_for("chapters/runtimes")).find("table", id="kernel-cpu-times")
+    assert table is not None, "the Runtimes page does not show the kernel CPU times"
 
 
 @pytest.mark.parametrize("entry", notebook_entries())
 def test_each_notebook_runs_within_its_budget(entry):
-    seconds = runtimes()[entry]
-    print(f"{entry}: {seconds:.1f} s")
-    assert seconds <= LESSON_BUDGET_SECONDS, (
-        f"{entry} took {seconds:.1f} s, over the {LESSON_BUDGET_SECONDS:.0f} s budget"
+    """Judged on the kernel's CPU time, which a busy machine does not inflate; the wall time is reported."""
+    timing = cpu_times()[entry]
+    print(f"{entry}: {timing['cpu_s']:.1f} s kernel CPU, {timing['wall_s']:.1f} s wall")
+    assert timing["cpu_s"] <= LESSON_BUDGET_SECONDS, (
+        f"{entry} took {timing['cpu_s']:.1f} s of kernel CPU time ({timing['wall_s']:.1f} s wall), over the "
+        f"{LESSON_BUDGET_SECONDS:.0f} s budget"
     )
 
 
 def test_the_whole_book_runs_within_its_budget():
-    """Every executed page together, lessons and exercise solutions, stays within six minutes on 2 cores."""
-    executed = runtimes()
-    lessons = sum(seconds for entry, seconds in executed.items() if entry.startswith("chapters/"))
-    total = sum(executed.values())
-    print(f"whole book: {total:.1f} s ({lessons:.1f} s of lessons, {total - lessons:.1f} s of exercise solutions)")
+    """Every executed page together, lessons and exercise solutions, stays within eight minutes of CPU time."""
+    measured = cpu_times()
+    lessons = sum(t["cpu_s"] for entry, t in measured.items() if entry.startswith("chapters/"))
+    total = sum(t["cpu_s"] for t in measured.values())
+    wall = sum(t["wall_s"] for t in measured.values())
+    print(
+        f"whole book: {total:.1f} s kernel CPU ({lessons:.1f} s of lessons, {total - lessons:.1f} s of exercise "
+        f"solutions); {wall:.1f} s wall"
+    )
     assert total <= BOOK_BUDGET_SECONDS, (
-        f"the book took {total:.1f} s to execute, over the {BOOK_BUDGET_SECONDS:.0f} s budget "
+        f"the book took {total:.1f} s of kernel CPU time to execute, over the {BOOK_BUDGET_SECONDS:.0f} s budget "
         f"({lessons:.1f} s of it in the lessons)"
     )
 
 
-def test_chapter_02_has_widget_and_static_figure():
+def test_chapter_02_has_interactive_and_static_figure():
     content = main_content(page_for("chapters/02_hard_and_soft_attention"))
-    assert content.find("script", attrs={"type": "application/vnd.jupyter.widget-view+json"}), "the β widget is missing"
+    figure = content.find("figure", class_="ac-interactive")
+    assert figure is not None, "the β interactive figure is missing"
+    assert figure.find("input", attrs={"type": "range"}), "the β figure has no slider"
     alts = [image.get("alt", "") for image in content.find_all("img")]
     assert any("beta" in alt and "heatmap" in alt for alt in alts), "the small-multiples β figure is missing"
     assert content.find(class_="math"), "no math on the page"
+
+
+@pytest.mark.parametrize("page", html_pages(), ids=lambda p: p.relative_to(HTML).as_posix())
+def test_no_widget_state_or_widget_manager(page):
+    """Interactive figures are native HTML on the site: no Jupyter widget state and no 4 MB widget manager."""
+    document = soup(page)
+    assert not document.find("script", attrs={"type": "application/vnd.jupyter.widget-view+json"}), (
+        f"{page.relative_to(HTML)} holds a Jupyter widget; use ac.interactive_figure (tqdm bars: tqdm.auto is fine "
+        "only when no widget state is saved)"
+    )
+    sources = [script.get("src", "") for script in document.find_all("script")]
+    assert not [s for s in sources if "html-manager" in s or "embed-amd" in s], (
+        f"{page.relative_to(HTML)} loads the Jupyter widget manager"
+    )
