@@ -2,13 +2,17 @@
 
 For each notebook the grader:
 
-1. reads it (a file that is not a notebook, or a malformed one, gets a clear message and 0 points);
+1. reads it once, before any learner code runs (a regular file only: no symlink, FIFO or device; at most
+   20 MB), records the bytes' sha256, and grades from that snapshot (a file that is not a notebook, or a
+   malformed one, gets a clear message that quotes nothing from it, and 0 points);
 2. works out the exercise (notebook metadata, else the file name, else ``exercise_id``);
 3. takes the learner's graded cells by tag and part name (outputs are ignored; a part whose check cell was
    edited or deleted earns nothing);
 4. generates fresh inputs for every part, in this process;
-5. runs the preamble and graded cells and calls the learner's functions in a separate process
-   (:mod:`attention_course.grading.sandbox`), which sends back only wire-form outputs;
+5. runs the preamble and graded cells and calls the learner's functions in a fresh, isolated process
+   (:mod:`attention_course.grading.sandbox`: bubblewrap, no network, no submissions, solutions or grades
+   in sight, limits it cannot raise), which sends back only wire-form outputs; a part whose cell uses a
+   course-library name it may not use earns nothing (:mod:`attention_course.grading.library_rules`);
 6. judges the outputs here, against references and properties it computes from its own inputs.
 
 A part earns its points in proportion to the cases passed (``all_or_nothing``: only if every case passes).
@@ -17,6 +21,8 @@ Steps 4-6 are shared with the notebook check: see :mod:`attention_course.grading
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import time
@@ -30,7 +36,10 @@ import torch
 
 from attention_course.grading.evaluate import assemble, check_cell_ok, exercise_mismatch
 from attention_course.grading.exercises import exercise_ids, get_exercise
+from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text, read_submission
 from attention_course.grading.judge import PartVerdict, failed_part
+from attention_course.grading.launcher import close_pools
+from attention_course.grading.library_rules import exercise_allowed, library_aliases, library_problem
 from attention_course.grading.notebook_format import (
     TAG_GRADED,
     cell_part,
@@ -41,9 +50,11 @@ from attention_course.grading.notebook_format import (
 from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT, run_parts
 from attention_course.grading.spec import Exercise
 
-__all__ = ["NotebookResult", "find_notebooks", "grade_notebook", "grade_paths"]
+__all__ = ["NotebookResult", "SandboxUnavailable", "UNISOLATED", "find_notebooks", "grade_notebook", "grade_paths"]
 
 MAX_NOTEBOOK_BYTES = 20_000_000
+#: Starts the message of every notebook graded with ``--no-sandbox``.
+UNISOLATED = "UNISOLATED (--no-sandbox): the learner's code ran with the grader's own rights"
 
 
 @dataclass
@@ -58,6 +69,8 @@ class NotebookResult:
     message: str = ""
     seed: int | None = None
     seconds: float = 0.0
+    sha256: str | None = None
+    isolated: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +81,8 @@ class NotebookResult:
             "message": self.message,
             "seed": self.seed,
             "seconds": round(self.seconds, 2),
+            "sha256": self.sha256,
+            "isolated": self.isolated,
             "parts": [
                 {"name": v.part, "score": v.score, "max_score": v.max_score, "status": v.status, "message": v.message,
                  "cases": [{"name": c.name, "passed": c.passed, "message": c.message} for c in v.cases]}
@@ -144,6 +159,9 @@ def grade_notebook(
     exercise_id: str | None = None,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     all_or_nothing: bool = False,
+    isolation: str = "required",
+    limits: Limits | None = None,
+    warm: int = 0,
 ) -> NotebookResult:
     """Grade one notebook; never raises for anything about the file or the code in it.
 
@@ -154,38 +172,87 @@ def grade_notebook(
         exercise_id: grade as this exercise whatever the notebook says.
         output_limit: bytes the learner's code may print per process.
         all_or_nothing: a part earns its points only if every case passes (default: in proportion).
+        isolation: ``"required"`` (bubblewrap, else :class:`SandboxUnavailable`), ``"auto"`` or ``"none"``
+            (``--no-sandbox``: every message then starts with :data:`UNISOLATED`).
+        limits: resource limits of the learner's processes (default
+            :class:`~attention_course.grading.isolation.Limits`).
+        warm: sandboxes to keep started ahead of need (see :func:`grade_paths`).
     """
     started = time.monotonic()
-    result = _grade_notebook(path, timeout, seed, exercise_id, output_limit, all_or_nothing)
+    result = _grade_notebook(path, timeout, seed, exercise_id, output_limit, all_or_nothing,
+                             isolation, limits, warm)
     result.seconds = time.monotonic() - started
+    return _clean(result)
+
+
+def _clean(result: NotebookResult) -> NotebookResult:
+    """Every text of the result on one line, without control characters or ANSI escapes (learners'
+    exception messages and file names must not forge lines of the report or move the cursor)."""
+    def part(verdict: PartVerdict) -> PartVerdict:
+        cases = tuple(dataclasses.replace(case, name=clean_text(case.name, 300),
+                                          message=None if case.message is None else clean_text(case.message, 1000))
+                      for case in verdict.cases)
+        fields = {"message": clean_text(verdict.message, 2000), "cases": cases}
+        if isinstance(getattr(verdict, "cause", None), str):
+            fields["cause"] = clean_text(verdict.cause, 500)
+        return dataclasses.replace(verdict, **fields)
+
+    result.path = clean_text(result.path, 1000)
+    result.message = clean_text(result.message, 2000)
+    result.parts = [part(verdict) for verdict in result.parts]
+    if not result.isolated and not result.message.startswith(UNISOLATED):
+        result.message = UNISOLATED + (f"; {result.message}" if result.message else "")
     return result
 
 
+def _read_notebook(path: Path) -> tuple[nbformat.NotebookNode, str] | str:
+    """The notebook from one safe read of ``path`` and its sha256, or why it was refused. The message
+    quotes nothing from the file (it may be /etc/passwd behind a name ending in .ipynb)."""
+    snapshot = read_submission(path, MAX_NOTEBOOK_BYTES)
+    if isinstance(snapshot, str):
+        return snapshot
+    try:
+        text = snapshot.data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "could not read the notebook (it is not UTF-8 text)"
+    try:
+        json.loads(text)
+    except RecursionError:
+        return "could not read the notebook (its JSON is nested too deeply)"
+    except ValueError as exc:
+        where = f": line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        return f"could not read the notebook (it is not valid JSON{where})"
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        if not (isinstance(nb.get("cells"), list) and all(isinstance(c, dict) for c in nb.cells)):
+            raise ValueError("no list of cells")
+    except Exception as exc:
+        return f"could not read the notebook (it is JSON but not a Jupyter notebook: {type(exc).__name__})"
+    return nb, snapshot.sha256
+
+
 def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise_id: str | None,
-                    output_limit: int, all_or_nothing: bool) -> NotebookResult:
+                    output_limit: int, all_or_nothing: bool, isolation: str = "required",
+                    limits: Limits | None = None, warm: int = 0) -> NotebookResult:
     path = Path(path)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
+    isolated = isolation != "none"
     if path.suffix.lower() != ".ipynb":
         return _fail(path, f"not a notebook: expected a .ipynb file, got {path.name!r}")
-    try:
-        size = path.stat().st_size
-        if size > MAX_NOTEBOOK_BYTES:
-            return _fail(path, f"the notebook is {size:,} bytes, more than the {MAX_NOTEBOOK_BYTES:,} accepted")
-        nb = nbformat.read(path, as_version=4)
-        cells_ok = isinstance(nb.get("cells"), list) and all(isinstance(c, dict) for c in nb.cells)
-        if not cells_ok:
-            raise ValueError("it has no list of cells")
-    except Exception as exc:
-        return _fail(path, f"could not read the notebook ({type(exc).__name__}: {str(exc)[:300]})")
+    read = _read_notebook(path)
+    if isinstance(read, str):
+        return dataclasses.replace(_fail(path, read), isolated=isolated)
+    nb, sha256 = read
 
     chosen = exercise_id or notebook_exercise(nb) or _guess_exercise(path)
     if chosen not in exercise_ids():
-        return _fail(path, f"cannot tell which exercise this is (found {chosen!r}; known: {exercise_ids()}); "
-                           "pass --exercise")
+        return dataclasses.replace(
+            _fail(path, f"cannot tell which exercise this is (found {clean_text(chosen, 40)!r}; known: "
+                        f"{exercise_ids()}); pass --exercise"), sha256=sha256, isolated=isolated)
     mismatch = exercise_mismatch(chosen, notebook_exercise(nb), forced=exercise_id is not None)
     if mismatch and exercise_id is not None:
-        return _fail(path, mismatch, get_exercise(chosen), seed)
+        return dataclasses.replace(_fail(path, mismatch, get_exercise(chosen), seed), sha256=sha256, isolated=isolated)
     exercise = get_exercise(chosen)
     cells, note = _graded_cells(nb, exercise)
     note = "; ".join(filter(None, [mismatch, note]))
@@ -194,13 +261,25 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
     generator = torch.Generator().manual_seed(seed)
     cases = {part.name: part.make_cases(generator) for part in exercise.parts}
     to_run = [(part.name, cases[part.name]) for part in exercise.parts if part.name in present]
-    sandbox = run_parts(exercise.id, exercise.preamble, cells, to_run, timeout=timeout, output_limit=output_limit)
+    sandbox = run_parts(exercise.id, exercise.preamble, cells, to_run, timeout=timeout, output_limit=output_limit,
+                        isolation=isolation, limits=limits, allowed=exercise_allowed(exercise.id), warm=warm)
 
     sources = {part: source for _, part, source in cells}
     check_cells = {part.name: _check_cell_intact(nb, part.name, part.function) for part in exercise.parts}
     verdicts = assemble(exercise, sources, cases, sandbox, check_cells, all_or_nothing)
-    score = sum(verdict.score for verdict in verdicts)
-    return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed)
+    # The library rule (library_rules): a part whose cell uses a course-library name it may not earns nothing.
+    aliases = library_aliases([exercise.preamble, *(source for _, _, source in cells)])
+    broken = {}
+    for _, part_name, source in cells:
+        problem = library_problem(source, exercise.id, part_name, aliases)
+        if problem and part_name not in broken:
+            broken[part_name] = problem
+    parts_by_name = {part.name: part for part in exercise.parts}
+    verdicts = [failed_part(parts_by_name[v.part], f"no marks: {broken[v.part]}") if v.part in broken else v
+                for v in verdicts]
+    score = round(sum(verdict.score for verdict in verdicts), 2)
+    return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed, sha256=sha256,
+                          isolated=sandbox.isolated)
 
 
 def grade_paths(
@@ -211,20 +290,43 @@ def grade_paths(
     exercise_id: str | None = None,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     all_or_nothing: bool = False,
+    isolation: str = "required",
+    limits: Limits | None = None,
 ) -> list[NotebookResult]:
-    """Grade every notebook under ``paths`` (see :func:`find_notebooks`), ``jobs`` at a time, in order."""
+    """Grade every notebook under ``paths`` (see :func:`find_notebooks`), ``jobs`` at a time, in order.
+
+    Every exercise module is imported (and so frozen) before the first learner's code runs, and every
+    sandbox the run started is killed before it returns.
+
+    Raises:
+        SandboxUnavailable: ``isolation="required"`` and bubblewrap is missing or does not work here (the
+            message says how to install it, and names ``--no-sandbox``).
+    """
     notebooks = find_notebooks(paths)
+    if isolation == "required":
+        check_sandbox()
+    for known in exercise_ids():  # imported now, before any learner code runs
+        try:
+            get_exercise(known)
+        except Exception:  # a broken module fails its own notebooks only
+            pass
 
     def grade(path: Path) -> NotebookResult:
-        if not path.exists():
-            return _fail(path, "no such file or folder")
+        if not os.path.lexists(path):
+            return _clean(dataclasses.replace(_fail(path, "no such file or folder"), isolated=isolation != "none"))
         try:
             return grade_notebook(path, timeout=timeout, seed=seed, exercise_id=exercise_id,
-                                  output_limit=output_limit, all_or_nothing=all_or_nothing)
+                                  output_limit=output_limit, all_or_nothing=all_or_nothing, isolation=isolation,
+                                  limits=limits, warm=max(1, jobs))
         except Exception as exc:  # a bug in an exercise's checks must not stop a whole class's grading
-            return _fail(path, f"internal grader error ({type(exc).__name__}: {exc}); please report it")
+            return _clean(dataclasses.replace(
+                _fail(path, f"internal grader error ({type(exc).__name__}: {exc}); please report it"),
+                isolated=isolation != "none"))
 
-    if jobs <= 1 or len(notebooks) <= 1:
-        return [grade(path) for path in notebooks]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(grade, notebooks))
+    try:
+        if jobs <= 1 or len(notebooks) <= 1:
+            return [grade(path) for path in notebooks]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(grade, notebooks))
+    finally:
+        close_pools()  # no sandbox outlives the run

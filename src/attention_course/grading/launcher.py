@@ -1,271 +1,330 @@
-"""Start worker processes quickly: a fork server with torch already imported.
+"""Start worker processes, each in a fresh sandbox of its own, ahead of time.
 
-Importing torch takes a second or more, far longer than checking a notebook. So on Linux the grader keeps
-one *launcher* per grading thread: a fresh Python process that imports torch and the exercise modules
-once, runs no learner code itself, and forks a new worker process for every job. Each worker:
+Importing torch takes about a second, far longer than checking a notebook. So the grader keeps a small
+**warm pool**: sandboxes started before their job is known, each one a ``bwrap`` process running
+``python -I -B`` with the worker (:mod:`attention_course.grading.worker`), which imports torch and the
+exercise modules and then waits for its job on stdin. Every attempt at a notebook takes one sandbox and
+never gives it back; taking one starts its replacement at once. So a notebook never shares a process,
+a filesystem or a PID namespace with another one.
 
-- starts its own session (so that killing its process group also kills anything it started);
-- has stdin from ``/dev/null`` and stdout/stderr written to ``JOB_DIR/output.log``;
-- closes every other file descriptor it inherited, including the launcher's pipes to the grader;
-- runs ``attention_course.grading.worker.run`` and exits with ``os._exit``.
+A :class:`Sandbox` gives the grader:
 
-The launcher reports each worker's pid and, once it has reaped it, its exit status. If the learner's
-code kills the launcher, the grader notices the closed pipe and starts a new launcher for the next job.
-Elsewhere (or with ``ATTENTION_COURSE_GRADING_FORK=0``) workers start as ordinary subprocesses, which is
-slower but equivalent: see :func:`start_worker`.
+- the worker's channel (:class:`~attention_course.grading.channel.FrameReader` on a pipe the grader
+  owns), its output log (a file in a private folder of the grader's, which the sandbox cannot see; the
+  worker writes to it only through its stdout and stderr), and its exit status;
+- :meth:`Sandbox.kill`: SIGKILL to the sandbox's PID 1 and to bwrap, so that every process inside dies
+  with it (a double-forked daemon included), then reaps bwrap and removes the private folder.
+
+Without isolation (``isolated=False``, the grader's ``--no-sandbox``), the same worker runs as a plain
+``python -I -B`` process in a session of its own, with the same rlimits, but with the instructor's rights.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
-import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
-__all__ = ["OUTPUT_LOG", "STATUS_LOST", "WorkerProcess", "kill_group", "start_worker", "worker_env"]
+from attention_course.grading.channel import FrameReader, parse_header
+from attention_course.grading.isolation import (
+    SANDBOX_UID_BASE,
+    Limits,
+    _set_pdeathsig,
+    package_root,
+    sandbox_command,
+    worker_environment,
+)
+from attention_course.grading.worker import bootstrap_source
+
+__all__ = ["OUTPUT_LOG", "STATUS_LOST", "Sandbox", "SandboxPool", "close_pools", "kill_group", "pool"]
 
 OUTPUT_LOG = "output.log"
-STATUS_LOST = -(2**16)  # exit status of a worker whose launcher died before reporting it
-
-
-def worker_env() -> dict[str, str]:
-    """The environment of worker (and launcher) processes: this very package first on the path, one thread."""
-    import attention_course
-
-    env = dict(os.environ)
-    package_root = str(Path(attention_course.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"})
-    return env
+STATUS_LOST = -(2**16)  # exit status of a worker whose fate is unknown
+BLOB_LIMIT = 64_000_000  # bytes of one part's outcomes on the channel
+CHANNEL_LIMIT = 160_000_000  # bytes of all frames of one worker
 
 
 def kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (a worker and everything it started)."""
     try:
-        if hasattr(os, "killpg"):
-            os.killpg(pid, signal.SIGKILL)
-        else:  # pragma: no cover - Windows
-            os.kill(pid, signal.SIGTERM)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError):
         pass
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is still running (not gone, not a zombie), for a process that is not our child."""
+class _Uids:
+    """As root, each live sandbox gets a uid of its own, so that RLIMIT_NPROC counts its processes only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: set[int] = set()
+        self._next = 0
+
+    def take(self) -> int:
+        with self._lock:
+            while True:
+                uid = SANDBOX_UID_BASE + self._next % 100_000
+                self._next += 1
+                if uid not in self._used:
+                    self._used.add(uid)
+                    return uid
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._used.discard(uid)
+
+
+_uids = _Uids()
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as children:
+                found += [int(child) for child in children.read().split()]
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        return True
 
 
-class WorkerProcess:
-    """A running worker: ``poll()`` gives its exit status (``None`` while it runs), ``kill()`` ends it."""
+class Sandbox:
+    """One worker process in a fresh sandbox, started before its job is known (see the module docstring).
 
-    def __init__(self, pid: int, poll: Any) -> None:
-        self.pid = pid
-        self._poll = poll
+    Args:
+        isolated: run under bubblewrap (else a plain subprocess: ``--no-sandbox``).
+        limits: the resource limits of the worker.
+        output_limit: bytes of output the worker allows itself (and the file-size limit's floor).
+    """
 
-    def poll(self) -> int | None:
-        return self._poll()
+    def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
+        self.isolated = isolated
+        self.started = time.monotonic()
+        self.dir = Path(tempfile.mkdtemp(prefix="attention-course-grading-"))  # 0700, outside the sandbox
+        self.log = self.dir / OUTPUT_LOG
+        self._uid = _uids.take() if isolated and os.geteuid() == 0 else None
+        self._killed = False
+        read_end, write_end = os.pipe()
+        settings = {
+            # Every file, the output log included, stops one byte past the output limit (RLIMIT_FSIZE).
+            "file_size": output_limit + 1,
+            "processes": limits.processes,
+            "cpu_seconds": limits.cpu_seconds,
+            "memory": limits.memory,
+        }
+        argv = [sys.executable, "-I", "-B", "-c", bootstrap_source(str(package_root()), write_end,
+                                                                   settings)]
+        log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            if isolated:
+                command = sandbox_command(argv, uid=self._uid, limits=limits)
+                env = worker_environment()
+            else:
+                command, env = argv, worker_environment()
+            self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
+                                          pass_fds=(write_end,), start_new_session=True,
+                                          cwd=self.dir if not isolated else "/", preexec_fn=_set_pdeathsig)
+        except BaseException:
+            os.close(read_end)
+            self._cleanup_files()
+            raise
+        finally:
+            os.close(write_end)
+            os.close(log)
+        self.pid = self._proc.pid
+        self.channel = FrameReader(read_end, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
+        _live.add(self)
 
-    def kill(self) -> None:
-        kill_group(self.pid)
+    # --- starting -----------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the worker said ``ready`` (imports done, no learner code run yet) within ``timeout``."""
+        self.channel.wait(1, timeout)
+        frames = self.channel.take(0)
+        return bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
 
+    def send_job(self, job_bytes: bytes, max_frames: int) -> None:
+        """Give the worker its job (once). Writes from a thread: a worker that stopped reading cannot block
+        the grader."""
+        self.channel.allow(max_frames + 1)  # + the ready frame
+        stdin = self._proc.stdin
+        assert stdin is not None
 
-# --- the launcher process -----------------------------------------------------------------------------
-def _close_inherited_fds(keep: set[int]) -> None:
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd not in keep:
+        def write() -> None:
             try:
-                os.close(fd)
-            except OSError:
+                stdin.write(job_bytes)
+                stdin.close()
+            except (OSError, ValueError):
                 pass
 
+        threading.Thread(target=write, daemon=True).start()
 
-def _child(job_dir: str) -> None:
-    """In the forked worker: detach, redirect, run the job, and never return."""
-    code = 1
-    try:
-        os.setsid()
-        os.chdir(job_dir)
-        log = os.open(os.path.join(job_dir, OUTPUT_LOG), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        _close_inherited_fds({0, 1, 2})
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        from attention_course.grading.worker import run
+    # --- watching -----------------------------------------------------------------------------------
+    def poll(self) -> int | None:
+        return self._proc.poll()
 
-        code = run(Path(job_dir))
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
+    def output_size(self) -> int:
         try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            return self.log.stat().st_size
+        except OSError:
+            return 0
+
+    def output_tail(self, size: int = 2000) -> str:
+        try:
+            with open(self.log, "rb") as log:
+                log.seek(max(0, self.output_size() - size))
+                return log.read(size).decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    # --- ending -------------------------------------------------------------------------------------
+    def kill(self) -> None:
+        """Kill everything in the sandbox, reap it and remove its private folder (idempotent)."""
+        if self._killed:
+            return
+        self._killed = True
+        try:
+            inside = _children(self.pid) if self.isolated else []  # bwrap's child: PID 1 of the sandbox
+            for pid in inside:
+                try:
+                    os.kill(pid, signal.SIGKILL)  # PID 1 dying takes the whole PID namespace with it
+                except OSError:
+                    pass
+            kill_group(self.pid)
+            try:
+                self._proc.kill()
+            except OSError:
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+                pass
+            deadline = time.monotonic() + 10
+            while inside and time.monotonic() < deadline and not all(_gone(pid) for pid in inside):
+                time.sleep(0.01)
+            self.channel.join(5)
+            if self._proc.stdin is not None:
+                try:
+                    self._proc.stdin.close()
+                except OSError:
+                    pass
         finally:
-            os._exit(code)
+            if self._uid is not None:
+                _uids.give_back(self._uid)
+            self._cleanup_files()
+            _live.discard(self)
+
+    def _cleanup_files(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _serve() -> None:
-    """The launcher's loop: read job folders on stdin, fork a worker for each, report pids and exits."""
-    import torch  # noqa: F401 - imported once here, inherited by every worker
+_live: set[Sandbox] = set()
 
-    from attention_course.grading.exercises import exercise_ids, get_exercise
-    from attention_course.grading.worker import run  # noqa: F401
 
-    for exercise_id in exercise_ids():
-        try:
-            get_exercise(exercise_id)  # preloaded for speed; a broken module only fails its own jobs
-        except Exception:
-            pass
+class SandboxPool:
+    """Sandboxes started ahead of need: :meth:`take` hands out a fresh one and starts its replacement.
 
-    def say(line: str) -> None:
-        os.write(1, (line + "\n").encode())
+    Args:
+        isolated, limits, output_limit: as for :class:`Sandbox`.
+        size: sandboxes kept warm (one per notebook graded at a time; 0: none, start each when needed).
+    """
 
-    say("ready")
-    children: set[int] = set()
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0], [], [], 0.02)
-        if readable:
-            chunk = os.read(0, 65536)
-            if not chunk:  # the grader is gone: so is every job
-                for pid in children:
-                    kill_group(pid)
+    def __init__(self, isolated: bool, limits: Limits, output_limit: int, size: int = 1) -> None:
+        self._key = (isolated, limits, output_limit)
+        self._size = max(0, size)
+        self._lock = threading.Lock()
+        self._warm: list[Sandbox] = []
+        self.closed = False
+
+    def _start(self) -> Sandbox:
+        return Sandbox(*self._key)
+
+    def take(self) -> Sandbox:
+        """A sandbox no job has used; keeps the pool topped up."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the sandbox pool is closed")
+            sandbox = self._warm.pop(0) if self._warm else None
+        if sandbox is not None and sandbox.poll() is not None:  # died while waiting (killed from outside?)
+            sandbox.kill()
+            sandbox = None
+        if sandbox is None:
+            sandbox = self._start()
+        self.fill()
+        return sandbox
+
+    def fill(self) -> None:
+        with self._lock:
+            if self.closed:
                 return
-            pending += chunk
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                job_dir = line.decode()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(job_dir)
-                children.add(pid)
-                say(f"pid {pid} {job_dir}")
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            children.discard(pid)
-            say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
-
-
-# --- the grader's side --------------------------------------------------------------------------------
-class _Launcher:
-    """The grader's handle on one launcher process."""
-
-    def __init__(self, startup_timeout: float) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "attention_course.grading.launcher"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=worker_env(), start_new_session=True,
-        )
-        self._lock = threading.Condition()
-        self._pids: dict[str, int] = {}
-        self._exits: dict[int, int] = {}
-        self._ready = False
-        self.alive = True
-        threading.Thread(target=self._read, daemon=True).start()
-        with self._lock:
-            self._lock.wait_for(lambda: self._ready or not self.alive, timeout=startup_timeout)
-        if not self._ready:
-            self.close()
-            raise RuntimeError("the grading launcher did not start")
-
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for raw in self._proc.stdout:
-            words = raw.decode(errors="replace").split(" ", 2)
+            missing = self._size - len(self._warm)
+        for _ in range(missing):
+            fresh = self._start()
             with self._lock:
-                if words[0].strip() == "ready":
-                    self._ready = True
-                elif words[0] == "pid" and len(words) == 3 and words[1].isdigit():
-                    self._pids[words[2].rstrip("\n")] = int(words[1])
-                elif words[0] == "exit" and len(words) == 3 and words[1].isdigit():
-                    self._exits[int(words[1])] = int(words[2])
-                self._lock.notify_all()
+                if self.closed:
+                    fresh.kill()
+                    return
+                self._warm.append(fresh)
+
+    def resize(self, size: int) -> None:
         with self._lock:
-            self.alive = False
-            self._lock.notify_all()
-
-    def start(self, job_dir: Path, timeout: float) -> WorkerProcess:
-        key = str(job_dir)
-        assert self._proc.stdin is not None
-        self._proc.stdin.write((key + "\n").encode())
-        self._proc.stdin.flush()
-        with self._lock:
-            self._lock.wait_for(lambda: key in self._pids or not self.alive, timeout=timeout)
-            pid = self._pids.pop(key, None)
-        if pid is None:
-            raise RuntimeError("the grading launcher did not start the worker")
-
-        def poll() -> int | None:
-            with self._lock:
-                if pid in self._exits:
-                    return self._exits.pop(pid)
-                if not self.alive and not _running(pid):  # the launcher died (killed by this worker?)
-                    return STATUS_LOST
-                return None
-
-        return WorkerProcess(pid, poll)
+            self._size = max(0, size)
 
     def close(self) -> None:
-        self.alive = False
-        kill_group(self._proc.pid)
-        self._proc.wait()
+        """Kill every warm sandbox (the pool can no longer be used)."""
+        with self._lock:
+            self.closed = True
+            warm, self._warm = self._warm, []
+        for sandbox in warm:
+            sandbox.kill()
 
 
-_local = threading.local()
+_pools: dict[tuple, SandboxPool] = {}
+_pools_lock = threading.Lock()
 
 
-def _launcher(startup_timeout: float) -> _Launcher:
-    launcher = getattr(_local, "launcher", None)
-    if launcher is None or not launcher.alive or launcher._proc.poll() is not None:
-        if launcher is not None:
-            launcher.close()
-        launcher = _local.launcher = _Launcher(startup_timeout)
-    return launcher
+def pool(isolated: bool, limits: Limits, output_limit: int, size: int = 0) -> SandboxPool:
+    """The shared pool for these settings (made on first use; grows to ``size`` warm sandboxes)."""
+    key = (isolated, limits, output_limit)
+    with _pools_lock:
+        found = _pools.get(key)
+        if found is None or found.closed:
+            found = _pools[key] = SandboxPool(isolated, limits, output_limit, size)
+        elif size > found._size:
+            found.resize(size)
+        return found
 
 
-def _use_fork() -> bool:
-    return sys.platform == "linux" and os.environ.get("ATTENTION_COURSE_GRADING_FORK", "1") != "0"
+def close_pools() -> None:
+    """Kill every warm sandbox and every sandbox still running (the grader calls it when it is done)."""
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for found in pools:
+        found.close()
+    for sandbox in list(_live):
+        sandbox.kill()
 
 
-def start_worker(job_dir: Path, startup_timeout: float) -> WorkerProcess:
-    """Start a worker on ``job_dir`` (forked from this thread's launcher on Linux, else a subprocess);
-    its output goes to ``job_dir/output.log``."""
-    if _use_fork():
-        for _ in range(2):  # a launcher killed by the previous job is replaced once
-            try:
-                return _launcher(startup_timeout).start(job_dir, timeout=startup_timeout)
-            except (RuntimeError, OSError):
-                time.sleep(0.1)
-    with open(job_dir / OUTPUT_LOG, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "attention_course.grading.worker", str(job_dir)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=job_dir, env=worker_env(), start_new_session=True,
-        )
-    return WorkerProcess(proc.pid, proc.poll)
+atexit.register(close_pools)
 
 
-if __name__ == "__main__":
-    _serve()
+def describe_settings(limits: Limits) -> str:
+    """A line for reports: the limits in words."""
+    return json.dumps({"memory_bytes": limits.memory, "processes": limits.processes, "tmpfs_bytes": limits.tmpfs,
+                       "cpu_seconds": limits.cpu_seconds})

@@ -1,28 +1,31 @@
-"""Run a learner's graded cells in a separate process, with time and output limits, and collect outcomes.
+"""Run a learner's graded cells in a fresh, isolated worker process, with limits, and collect outcomes.
 
-:func:`run_parts` starts :mod:`attention_course.grading.worker` in a fresh process (forked from a
-launcher that has torch imported, see :mod:`attention_course.grading.launcher`; in its own session, so
-that the learner's child processes die with it), feeds it a job file, and watches it:
+:func:`run_parts` takes a sandbox from the warm pool (:mod:`attention_course.grading.launcher`: bubblewrap,
+no network, no view of the submissions, the solutions or the grades, its own PID namespace, rlimits it
+cannot raise), sends it the job and watches it:
 
-- every step (a cell, a part) has ``timeout`` seconds; a step that runs longer is killed;
-- the process's combined stdout and stderr go to a file; a process that prints more than
-  ``output_limit`` bytes is killed (and the worker, which knows the limit too, stops itself before
-  announcing another step, so a fast cell that printed too much is blamed even between two polls);
-- a process that dies (``os._exit``, a signal, a crash) or is killed loses only the step it was in: the
-  grader starts a fresh process for the remaining parts, skipping a cell that hung or crashed. Outcomes
-  of parts finished before the crash are kept.
+- every step (a cell, a part) has ``timeout`` seconds; the notebook as a whole has a budget
+  (:func:`notebook_budget`), retries included; a worker past either is killed;
+- the worker's channel is a pipe the grader owns: it accepts only the next expected step, once, in
+  small frames (:mod:`attention_course.grading.channel`); a violation (a flood, a re-announced step, a
+  deeply nested message) ends the attempt and fails the step it was in, for this learner only;
+- the combined stdout and stderr go to a file in a private folder of the grader's; past ``output_limit``
+  bytes the worker is killed (and the worker stops itself before announcing another step, so a fast cell
+  that printed too much is blamed even between two polls);
+- a worker that dies (``os._exit``, a signal, a crash) or is killed loses only the step it was in: the
+  grader starts a fresh sandbox for the remaining parts, skipping a cell that hung or crashed. Outcomes
+  of parts finished before are kept.
 
-What this is and is not: process isolation with timeouts, enough for honest mistakes and for the usual
-tricks (``sys.exit``, infinite loops, monkeypatching the checker inside the kernel). It is not a security
-boundary: code running as the same user can read and write the same files.
+Every worker and everything it started is killed in a ``finally``, whatever happened. Cases travel to the
+worker without their private data (``Case.data`` keys ``reference``, ``expected`` or starting with ``_``):
+references are computed in the grader, which keeps the original cases.
 """
 
 from __future__ import annotations
 
-import json
+import io
 import pickle
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +33,37 @@ from typing import Any
 
 import torch
 
-from attention_course.grading.launcher import OUTPUT_LOG, STATUS_LOST, start_worker
-from attention_course.grading.worker import Job
+from attention_course.grading.channel import parse_header
+from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text
+from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool
+from attention_course.grading.spec import Case
+from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
 
-__all__ = ["SandboxResult", "run_parts", "DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT"]
+__all__ = ["DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
+           "public_case", "run_parts"]
 
 DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
 STARTUP_TIMEOUT = 120.0  # seconds for Python, torch and the preamble to start (a loaded machine is slow)
 _POLL = 0.02
-_RESULT_ALLOWANCE = 64_000_000  # bytes a worker may write to files beyond its output (results)
 #: Failure marker of a part whose function the learner's cells did not define.
 MISSING = "missing"
+_PRIVATE_KEYS = frozenset({"reference", "expected", "answer", "solution"})
+_MESSAGE_LIMIT = 500
+
+
+def notebook_budget(timeout: float, cells: int, parts: int) -> float:
+    """Seconds of learner code one notebook may run in all (every attempt): a step's ``timeout`` for each
+    cell and part, twice over (a retry re-runs the cells), plus two steps' worth for start-up."""
+    return timeout * (2 * (cells + parts) + 2)
+
+
+def public_case(case: Any) -> Any:
+    """``case`` as it travels to the learner's process: without the private keys of its ``data``."""
+    if not isinstance(case, Case):
+        return case
+    data = {key: value for key, value in case.data.items()
+            if key not in _PRIVATE_KEYS and not str(key).startswith("_")}
+    return Case(case.name, case.args, case.kwargs, data)
 
 
 @dataclass
@@ -53,35 +76,21 @@ class SandboxResult:
             ("while it was checked, your code did not finish within ...").
         cell_errors: part -> what went wrong running its graded cell ("raised NameError: ...", "did not
             finish within ..."); the part may still have outcomes.
-        processes: how many processes were started (one, plus one per crash or timeout).
+        processes: how many processes (sandboxes) were started (one, plus one per crash or timeout).
+        isolated: whether the learner's code ran under bubblewrap.
     """
 
     outcomes: dict[str, list[Any]] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     cell_errors: dict[str, str] = field(default_factory=dict)
     processes: int = 0
+    isolated: bool = True
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def _load_outcome_bytes(data: bytes, expected: int) -> list[Any] | str:
+    """One part's outcomes, read with the weights-only unpickler (no code can run)."""
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    events = []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("step"), str):
-            events.append(event)
-    return events
-
-
-def _load_outcomes(path: Path, expected: int) -> list[Any] | str:
-    """The outcomes file of one part, read with the weights-only unpickler (no code can run)."""
-    try:
-        outcomes = torch.load(path, weights_only=True)
+        outcomes = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:
         return f"its results could not be read ({type(exc).__name__})"
     if not isinstance(outcomes, list) or len(outcomes) != expected:
@@ -89,71 +98,166 @@ def _load_outcomes(path: Path, expected: int) -> list[Any] | str:
     return outcomes
 
 
+def _load_outcomes(path: Path, expected: int) -> list[Any] | str:
+    """The outcomes file of one part (as :func:`_load_outcome_bytes`)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return f"its results could not be read ({type(exc).__name__})"
+    return _load_outcome_bytes(data, expected)
+
+
+class _Protocol:
+    """The steps a job's worker must announce, in order, each once: start, preamble, each cell (with an
+    optional error report), each part (then its results or "missing"), done."""
+
+    def __init__(self, job: Job) -> None:
+        self.plan: list[dict[str, Any]] = [{"step": "start"}, {"step": "preamble"}]
+        self.plan += [{"step": "cell", "cell": index, "part": part} for index, part, _ in job.cells]
+        self.plan += [{"step": "part", "part": part} for part, _ in job.parts]
+        self.plan.append({"step": "done"})
+        self.position = 0
+        self.open: dict[str, Any] | None = None  # the cell that may report an error, or the part awaiting results
+        self.blob_for: tuple[str, int] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.blobs: dict[str, bytes] = {}
+
+    @property
+    def max_frames(self) -> int:
+        return 2 * len(self.plan) + 2
+
+    def accept(self, frame: bytes) -> str | None:
+        """Take one frame; a violation's description, or ``None``."""
+        if self.blob_for is not None:
+            part, size = self.blob_for
+            if len(frame) != size:
+                return "sent results of the wrong size"
+            self.blobs[part] = frame
+            self.blob_for = None
+            self.events.append({"step": "part_done", "part": part})
+            return None
+        header = parse_header(frame)
+        if header is None:
+            return "sent a message that is not a small flat JSON object"
+        step = header["step"]
+        if self.open is not None and self.open["step"] == "part":
+            part = self.open["part"]
+            self.open = None
+            if step == "missing" and header.get("part") == part:
+                self.events.append({"step": "missing", "part": part})
+                return None
+            if step == "part_done" and header.get("part") == part and isinstance(header.get("size"), int) \
+                    and 0 <= header["size"] <= BLOB_LIMIT:
+                self.blob_for = (part, header["size"])
+                return None
+            return f"sent {step!r} where the results of part {part!r} were due"
+        if self.open is not None and self.open["step"] == "cell":
+            cell = self.open
+            self.open = None
+            if step == "cell_error":
+                if header.get("cell") != cell["cell"] or header.get("part") != cell["part"]:
+                    return "reported an error for a cell that was not running"
+                self.events.append({"step": "cell_error", "cell": cell["cell"], "part": cell["part"],
+                                    "type": clean_text(header.get("type", ""), 200),
+                                    "message": clean_text(header.get("message", ""), _MESSAGE_LIMIT),
+                                    "where": clean_text(header.get("where", ""), 200)})
+                return None
+        if self.position >= len(self.plan):
+            return f"sent {step!r} after it was done"
+        expected = self.plan[self.position]
+        if any(header.get(key) != value for key, value in expected.items()):
+            return f"announced {step!r} where {expected['step']!r} was due (a step may come only once, in order)"
+        self.position += 1
+        self.events.append(dict(expected))
+        if step in ("cell", "part"):
+            self.open = expected
+        return None
+
+
 @dataclass
 class _Attempt:
     """One worker process: how it ended and which step it was in."""
 
     events: list[dict[str, Any]]
+    blobs: dict[str, bytes]
     reason: str | None  # None: ran to the end
     output_tail: str
 
 
-def _output_size(path: Path) -> int:
+def _exit_words(code: int | None) -> str:
+    if code is None or code == STATUS_LOST:
+        return "ended before finishing (its exit status is unknown)"
+    if code == STATUS_OUTPUT_LIMIT:
+        return "stopped itself: its output passed the limit"
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        code = 128 - code  # bubblewrap reports a worker killed by signal N as 128 + N
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"was killed by signal {-code}, {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline: float) -> _Attempt:
+    protocol = _Protocol(job)
     try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _tail(path: Path) -> str:
+        sandbox = workers.take()
+    except Exception as exc:
+        return _Attempt([], {}, f"could not be started ({clean_text(exc, 300)})", "")
+    reason: str | None = None
     try:
-        with open(path, "rb") as log:
-            log.seek(max(0, _output_size(path) - 2000))
-            return log.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _attempt(job: Job, timeout: float, output_limit: int, job_dir: Path) -> _Attempt:
-    (job_dir / "job.pkl").write_bytes(pickle.dumps(job))
-    events_path, log_path = job_dir / "events.jsonl", job_dir / OUTPUT_LOG
-    try:
-        worker = start_worker(job_dir, STARTUP_TIMEOUT)
-    except OSError as exc:
-        return _Attempt([], f"could not be started ({exc})", "")
-    # A step may not be announced twice, so the total time is bounded even if the learner's code writes
-    # fake events.
-    steps = 2 + len(job.cells) + len(job.parts)
-    deadline_total = time.monotonic() + STARTUP_TIMEOUT + timeout * steps
-    seen, step_started, reason = 0, time.monotonic(), None
-    current = "start"
-    while (code := worker.poll()) is None:
-        time.sleep(_POLL)
-        events = _read_events(events_path)
-        if len(events) > seen:
-            seen, step_started = len(events), time.monotonic()
-            current = events[-1]["step"]
-        limit = STARTUP_TIMEOUT if current in ("start", "preamble") else timeout
-        now = time.monotonic()
-        if _output_size(log_path) > output_limit:
-            reason = f"printed more than {output_limit:,} bytes of output (the limit)"
-        elif now - step_started > limit or now > deadline_total:
-            reason = f"did not finish within the time limit of {limit:g} s (an infinite loop?)"
-        if reason:
-            break
-    worker.kill()  # the worker if it still runs, and any process the learner's code left behind
-    events = _read_events(events_path)
-    if reason is None and _output_size(log_path) > output_limit:
+        if not sandbox.wait_ready(STARTUP_TIMEOUT):
+            tail = clean_text(sandbox.output_tail(600), 600)
+            return _Attempt([], {}, "did not start" + (f" (last output: {tail})" if tail else ""), tail)
+        sandbox.send_job(pickle.dumps(job), protocol.max_frames)
+        steps = 2 + len(job.cells) + len(job.parts)
+        attempt_deadline = min(time.monotonic() + STARTUP_TIMEOUT + timeout * steps, deadline)
+        seen, step_started = 1, time.monotonic()  # frame 0 was "ready"
+        while reason is None:
+            code = sandbox.poll()
+            frames = sandbox.channel.take(seen)
+            for frame in frames:
+                seen += 1
+                violation = protocol.accept(frame)
+                if violation:
+                    reason = f"broke the grader's protocol: it {violation}"
+                    break
+                step_started = time.monotonic()
+            if reason:
+                break
+            if sandbox.channel.violation:
+                reason = f"broke the grader's protocol: it {sandbox.channel.violation}"
+                break
+            now = time.monotonic()
+            current = protocol.events[-1]["step"] if protocol.events else "start"
+            limit = STARTUP_TIMEOUT if current in ("start", "preamble") else timeout
+            if sandbox.output_size() > output_limit:
+                reason = f"printed more than {output_limit:,} bytes of output (the limit)"
+            elif now > deadline:
+                reason = "used up the time this notebook may run (its time budget)"
+            elif now - step_started > limit or now > attempt_deadline:
+                reason = f"did not finish within the time limit of {limit:g} s (an infinite loop?)"
+            elif code is not None:
+                sandbox.channel.wait(seen + 1, 1.0)  # frames written just before the exit
+                if sandbox.channel.take(seen):
+                    continue
+                break
+            else:
+                time.sleep(_POLL)
+        tail = sandbox.output_tail()
+    except Exception as exc:  # anything at all: this learner's attempt fails, the grading goes on
+        reason = reason or f"could not be watched ({type(exc).__name__}: {clean_text(exc, 200)})"
+        tail = ""
+    finally:
+        sandbox.kill()  # the worker, its PID namespace, everything it started, its private folder
+    finished = any(event["step"] == "done" for event in protocol.events)
+    if reason is None and sandbox.output_size() > output_limit:
         reason = f"printed more than {output_limit:,} bytes of output (the limit)"
-    if reason is None and not any(event["step"] == "done" for event in events):
-        if code == STATUS_LOST:
-            how = "ended before finishing (its exit status is unknown)"
-        elif code is not None and code < 0 and -code in signal.Signals._value2member_map_:
-            how = f"was killed by signal {-code}, {signal.Signals(-code).name}"
+    if reason is None and not finished:
+        code = sandbox.poll()
+        if code == STATUS_OUTPUT_LIMIT:
+            reason = f"printed more than {output_limit:,} bytes of output (the limit)"
         else:
-            how = f"exited with status {code}"
-        reason = f"ended the checking process, which {how} (os._exit, a signal or a crash?)"
-    return _Attempt(events, reason, _tail(log_path))
+            reason = f"ended the checking process, which {_exit_words(code)} (os._exit, a signal or a crash?)"
+    return _Attempt(protocol.events, protocol.blobs, reason, tail)
 
 
 def run_parts(
@@ -163,55 +267,87 @@ def run_parts(
     part_cases: list[tuple[str, list[Any]]],
     timeout: float = 30.0,
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    *,
+    isolation: str = "required",
+    limits: Limits | None = None,
+    allowed: frozenset[str] | None = None,
+    budget: float | None = None,
+    warm: int = 0,
 ) -> SandboxResult:
-    """Run the learner's ``cells`` and then each part's cases in a fresh process; see the module docstring.
+    """Run the learner's ``cells`` and then each part's cases in a fresh sandbox; see the module docstring.
 
     Args:
         exercise_id: the exercise whose parts' ``run`` functions call the learner's code.
         preamble: trusted source run first (the exercise's imports).
         cells: ``(cell index, part, source)`` of the learner's graded cells, in notebook order.
-        part_cases: ``(part, cases)`` to run, in order.
+        part_cases: ``(part, cases)`` to run, in order (private case data is removed before they travel).
         timeout: seconds allowed for each cell and for each part's cases.
         output_limit: bytes of output allowed per process.
+        isolation: ``"required"``: under bubblewrap, else raise
+            :class:`~attention_course.grading.isolation.SandboxUnavailable` (the grader); ``"auto"``: under
+            bubblewrap where it works, else unisolated (the notebook check; ``result.isolated`` says which);
+            ``"none"``: unisolated (the grader's ``--no-sandbox``).
+        limits: resource limits of each worker (default :class:`~attention_course.grading.isolation.Limits`).
+        allowed: course-library names the learner's code may use (``None``: all; see
+            :mod:`attention_course.grading.library_rules`).
+        budget: seconds the whole notebook may take, retries included (default :func:`notebook_budget`).
+        warm: sandboxes to keep started ahead of need (the grader: one per notebook graded at once; 0:
+            start each one when needed, as the notebook check does).
     """
-    result = SandboxResult()
-    remaining = list(part_cases)
+    if isolation not in ("required", "auto", "none"):
+        raise ValueError(f"isolation must be 'required', 'auto' or 'none', got {isolation!r}")
+    isolated = isolation != "none"
+    if isolated:
+        try:
+            check_sandbox()
+        except SandboxUnavailable:
+            if isolation == "required":
+                raise
+            isolated = False
+    limits = limits or Limits()
+    workers = pool(isolated, limits, output_limit, warm)
+    budget = notebook_budget(timeout, len(cells), len(part_cases)) if budget is None else budget
+    deadline = time.monotonic() + STARTUP_TIMEOUT + budget
+    result = SandboxResult(isolated=isolated)
+    remaining = [(part, [public_case(case) for case in cases]) for part, cases in part_cases]
     skipped: set[int] = set()
     cell_indices = {cell[0] for cell in cells}
-    # Every retry skips a cell or drops a part, so this many attempts always suffice (a backstop against
-    # events faked by the learner's code).
+    # Every retry skips a cell or drops a part, so this many attempts always suffice.
     for _ in range(len(cells) + len(part_cases) + 1):
         if not remaining:
             break
         job = Job(exercise_id, preamble, [cell for cell in cells if cell[0] not in skipped], remaining,
-                  file_size_limit=output_limit + _RESULT_ALLOWANCE, output_limit=output_limit)
-        with tempfile.TemporaryDirectory(prefix="attention-course-grading-", ignore_cleanup_errors=True) as tmp:
-            job_dir = Path(tmp)
-            attempt = _attempt(job, timeout, output_limit, job_dir)
-            result.processes += 1
-            finished: set[str] = set()
-            for event in attempt.events:
-                part = event.get("part")
-                if event["step"] == "cell_error" and isinstance(part, str):
-                    where = f" ({event.get('where')})" if event.get("where") else ""
-                    result.cell_errors[part] = f"raised {event.get('type')}: {event.get('message')}{where}"
-                elif event["step"] == "missing" and isinstance(part, str):
-                    result.failures[part] = MISSING
-                    finished.add(part)
-                elif event["step"] == "part_done" and isinstance(part, str):
-                    cases = dict(remaining).get(part)
-                    if cases is None or part in finished:
-                        continue
-                    loaded = _load_outcomes(job_dir / f"{part}.pt", len(cases))
-                    if isinstance(loaded, str):
-                        result.failures[part] = loaded
-                    else:
-                        result.outcomes[part] = loaded
-                    finished.add(part)
+                  output_limit=output_limit, allowed=allowed)
+        attempt = _attempt(job, timeout, output_limit, workers, deadline)
+        result.processes += 1
+        finished: set[str] = set()
+        for event in attempt.events:
+            part = event.get("part")
+            if event["step"] == "cell_error" and isinstance(part, str):
+                where = f" ({event.get('where')})" if event.get("where") else ""
+                result.cell_errors[part] = f"raised {event.get('type')}: {event.get('message')}{where}"
+            elif event["step"] == "missing" and isinstance(part, str):
+                result.failures[part] = MISSING
+                finished.add(part)
+            elif event["step"] == "part_done" and isinstance(part, str):
+                cases = dict(remaining).get(part)
+                if cases is None or part in finished:
+                    continue
+                loaded = _load_outcome_bytes(attempt.blobs.get(part, b""), len(cases))
+                if isinstance(loaded, str):
+                    result.failures[part] = loaded
+                else:
+                    result.outcomes[part] = loaded
+                finished.add(part)
         remaining = [(part, cases) for part, cases in remaining if part not in finished]
         if attempt.reason is None or not remaining:
             for part, _ in remaining:  # a worker that says "done" but skipped parts: never silently pass
                 result.failures.setdefault(part, "no result came back")
+            break
+        if time.monotonic() > deadline:
+            for part, _ in remaining:
+                result.failures.setdefault(part, f"not checked: the notebook {attempt.reason}")
+            remaining = []
             break
         last = attempt.events[-1] if attempt.events else {"step": "start"}
         cell, part = last.get("cell"), last.get("part")
@@ -229,10 +365,10 @@ def run_parts(
             remaining = remaining[1:]
         else:
             # Python, torch or the preamble did not start: no learner code has run yet. Nothing to retry.
-            tail = attempt.output_tail.strip().splitlines()[-3:]
+            tail = clean_text(" | ".join(attempt.output_tail.strip().splitlines()[-3:]), 600)
             for part, _ in remaining:
                 result.failures[part] = (f"the grader could not start the checking process: {attempt.reason}"
-                                         + (f"; last output: {' | '.join(tail)}" if tail else ""))
+                                         + (f"; last output: {tail}" if tail else ""))
             break
     for part, _ in remaining:
         result.failures.setdefault(part, "no result came back")

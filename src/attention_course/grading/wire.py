@@ -121,10 +121,13 @@ def _is_learner_file(filename: str) -> bool:
 
 
 def where(exc: BaseException) -> str:
-    """'line N of your cell' for the innermost traceback frame in the learner's code, else ''."""
+    """'line N of your <part> cell' (the grader's worker names cells ``<cell INDEX PART>``) or 'line N of
+    your cell' for the innermost traceback frame in the learner's code, else ''."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if _is_learner_file(frame.filename):
-            return f"line {frame.lineno} of your cell"
+            words = frame.filename.strip("<>").split()
+            part = words[2] if len(words) == 3 and words[0] == "cell" and words[2].isidentifier() else None
+            return f"line {frame.lineno} of your {part} cell" if part else f"line {frame.lineno} of your cell"
     return ""
 
 

@@ -1,32 +1,36 @@
-"""The learner's side of grading: runs in its own process, started by :mod:`attention_course.grading.sandbox`.
+"""The learner's side of grading: one process per notebook attempt, inside a sandbox of its own.
 
-``python -m attention_course.grading.worker JOB_DIR`` reads ``JOB_DIR/job.pkl`` (written by the grader),
-then:
+The grader starts ``python -I -B -c <bootstrap>`` in a fresh bubblewrap sandbox
+(:mod:`attention_course.grading.launcher`, :mod:`attention_course.grading.isolation`) before it knows the
+job, so that importing torch overlaps with other work. The worker then:
 
-1. runs the exercise's trusted preamble (imports);
-2. runs the learner's graded cells, in notebook order, in one namespace (errors are recorded, not fatal);
-3. for each part, calls the part's ``run`` on every case the grader sent, and writes the wire-form
-   outcomes to ``JOB_DIR/<part>.pt`` as soon as the part is done, so that results survive a later crash.
+1. drops root (as root, the sandbox hands it a uid of its own), sets ``no_new_privs`` and the resource
+   limits it cannot raise again (processes, file size, CPU time, no core dumps);
+2. imports torch and the exercise modules, caps its address space at what it uses plus the memory limit,
+   and says ``ready`` on its channel (a pipe the grader reads, see :mod:`attention_course.grading.channel`);
+3. reads the job (pickled by the grader) from stdin: the exercise's trusted preamble, the learner's graded
+   cells and each part's cases (inputs only: references stay in the grader);
+4. hides the course library's names this exercise does not allow (:mod:`attention_course.grading.library_rules`);
+5. runs the preamble and the cells in notebook order in one namespace (errors are recorded, not fatal),
+   then calls each part's ``run`` on its cases and sends the wire-form outcomes.
 
-Every step is announced in ``JOB_DIR/events.jsonl`` before it starts, so that the grader knows which
-cell or part to blame when the process hangs or dies. The worker judges nothing: verdicts are computed
-in the grader's process from its own copy of the inputs.
+Every step is announced on the channel before it starts, so that the grader knows which cell or part to
+blame when the process hangs or dies. The worker judges nothing; it cannot see the submissions folder,
+the solutions, the grades or the network.
 """
 
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import os
 import pickle
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from attention_course.grading.launcher import OUTPUT_LOG
-
-__all__ = ["Job", "STATUS_OUTPUT_LIMIT", "main"]
+__all__ = ["Job", "STATUS_OUTPUT_LIMIT", "bootstrap_source", "main"]
 
 
 @dataclass
@@ -37,10 +41,12 @@ class Job:
         exercise_id: which checks module's parts to use (for their ``run`` functions).
         preamble: trusted source run before the cells.
         cells: ``(cell index in the notebook, part name, source)`` in notebook order.
-        parts: ``(part name, cases)`` in the order to run them.
-        file_size_limit: the largest file (output log included) the worker may write, in bytes.
+        parts: ``(part name, cases)`` in the order to run them (cases carry inputs only).
+        file_size_limit: unused (kept for compatibility; the sandbox's limits apply).
         output_limit: bytes of output allowed; past it the worker stops before its next step (None: no
             limit of its own, the grader's watch only).
+        allowed: names of the course library (``attention_course.<name>``) the learner's code may use;
+            ``None``: no restriction.
     """
 
     exercise_id: str
@@ -49,23 +55,29 @@ class Job:
     parts: list[tuple[str, list[Any]]]
     file_size_limit: int = 100_000_000
     output_limit: int | None = None
+    allowed: frozenset[str] | None = None
 
 
 #: Exit status of a worker that stopped itself because its output passed the job's ``output_limit``.
 STATUS_OUTPUT_LIMIT = 3
 
 
-class _Events:
-    """Appends one JSON object per line to ``events.jsonl`` and flushes it at once.
+def bootstrap_source(package_root: str, channel_fd: int, settings: dict[str, Any]) -> str:
+    """The ``python -I -B -c`` source that starts a worker (the package root is bound read-only)."""
+    return (f"import sys; sys.path.insert(0, {package_root!r}); "
+            f"from attention_course.grading.worker import main; main({channel_fd!r}, {json.dumps(settings)!r})")
 
-    With an ``output_limit`` set, a step is announced only while the output log is within it. The grader
-    polls the log only every few milliseconds, and a fast cell can print megabytes and finish in less;
-    stopping here keeps the blame on the step that printed, not on whichever step the grader saw next.
+
+class _Channel:
+    """Sends one JSON header per step (and result bytes) to the grader; checks the output limit first.
+
+    The grader polls the log only every few milliseconds, and a fast cell can print megabytes and finish
+    in less; stopping here keeps the blame on the step that printed, not on whichever step came next.
     """
 
-    def __init__(self, path: Path, output_log: Path) -> None:
-        self._file = open(path, "a", encoding="utf-8")  # stays open for the worker's lifetime
-        self._output_log = output_log
+    def __init__(self, fd: int, log_fd: int) -> None:
+        self._fd = fd
+        self._log_fd = log_fd  # a private duplicate of the output log: the learner may redirect fd 1
         self.output_limit: int | None = None
 
     def _output_size(self) -> int:
@@ -75,15 +87,20 @@ class _Events:
             except Exception:  # a stream the learner's code replaced or closed
                 pass
         try:
-            return self._output_log.stat().st_size
+            return os.fstat(self._log_fd).st_size
         except OSError:
             return 0
 
-    def __call__(self, step: str, **fields: Any) -> None:
+    def __call__(self, step: str, blob: bytes | None = None, **fields: Any) -> None:
+        from attention_course.grading.channel import send_frame
+
         if self.output_limit is not None and self._output_size() > self.output_limit:
             os._exit(STATUS_OUTPUT_LIMIT)
-        self._file.write(json.dumps({"step": step, **fields}) + "\n")
-        self._file.flush()
+        if blob is not None:
+            fields["size"] = len(blob)
+        send_frame(self._fd, json.dumps({"step": step, **fields}).encode())
+        if blob is not None:
+            send_frame(self._fd, blob)
 
 
 class _NoMagics:
@@ -133,79 +150,151 @@ def _namespace() -> dict[str, Any]:
     return namespace
 
 
-def _limit_file_size(limit: int) -> None:
-    """A hard cap on what the process may write to any file (a backstop for the grader's output limit)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not on Windows
+# --- confinement the worker applies to itself before any learner code ---------------------------------
+def _drop_root() -> None:
+    """As root in a sandbox without a user namespace: become the sandbox's own uid (RLIMIT_NPROC binds
+    only for a non-root uid), with no supplementary groups. Refuses to go on as root."""
+    uid = os.environ.get("ATTENTION_COURSE_SANDBOX_UID")
+    if uid is None:
         return
+    if os.getuid() == 0 or os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(int(uid), int(uid), int(uid))
+        os.setresuid(int(uid), int(uid), int(uid))
+    if os.getuid() == 0 or os.geteuid() == 0:  # pragma: no cover - setresuid cannot silently fail
+        os._exit(70)
+
+
+def _no_new_privs() -> None:
     try:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    except (ValueError, OSError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binary can give privileges back
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace of this process, no core
+    except Exception:  # pragma: no cover - not Linux
         pass
 
 
-def _save(path: Path, outcomes: list[dict[str, Any]]) -> None:
-    import torch
+def _set_limit(name: str, value: int) -> None:
+    import resource
 
-    partial = path.with_suffix(".partial")
-    torch.save(outcomes, partial)
-    os.replace(partial, path)  # the grader never sees a half-written file
+    kind = getattr(resource, name, None)
+    if kind is None:  # pragma: no cover
+        return
+    try:
+        resource.setrlimit(kind, (value, value))
+    except (ValueError, OSError):
+        soft, hard = resource.getrlimit(kind)
+        if hard == resource.RLIM_INFINITY or value <= hard:
+            raise
+        resource.setrlimit(kind, (hard, hard))  # already lower than asked: keep the lower one
 
 
-def run(job_dir: Path) -> int:
-    events = _Events(job_dir / "events.jsonl", job_dir / OUTPUT_LOG)
-    events("start", pid=os.getpid())
-    job: Job = pickle.loads((job_dir / "job.pkl").read_bytes())
-    events.output_limit = job.output_limit
-
-    import functools
-
-    import torch
-
-    from attention_course.grading.exercises import get_exercise
-    from attention_course.grading.wire import outcome_of_call
-
-    torch.set_num_threads(1)
-    _limit_file_size(job.file_size_limit)
-    exercise = get_exercise(job.exercise_id)
-    namespace = _namespace()
-
-    events("preamble")
-    exec(compile(job.preamble, "<preamble>", "exec"), namespace)
-
-    for index, part_name, source in job.cells:
-        events("cell", cell=index, part=part_name)
-        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index}>"))
-        if outcome["status"] == "error":
-            events("cell_error", cell=index, part=part_name, type=outcome["type"], message=outcome["message"],
-                   where=outcome["where"])
-
-    for part_name, cases in job.parts:
-        events("part", part=part_name)
-        part = exercise.part(part_name)
-        obj = namespace.get(part.function)
-        if obj is None:
-            events("missing", part=part_name)
-            continue
-        outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
-        _save(job_dir / f"{part_name}.pt", outcomes)
-        events("part_done", part=part_name)
-
-    events("done")
+def _address_space() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m attention_course.grading.worker JOB_DIR", file=sys.stderr)
-        return 2
-    return run(Path(args[0]))
+def _confine(settings: dict[str, Any]) -> None:
+    _drop_root()
+    _no_new_privs()
+    if sys.platform != "linux":  # pragma: no cover
+        return
+    _set_limit("RLIMIT_CORE", 0)
+    _set_limit("RLIMIT_FSIZE", int(settings["file_size"]))
+    _set_limit("RLIMIT_NPROC", int(settings["processes"]))
+    _set_limit("RLIMIT_CPU", int(settings["cpu_seconds"]))
 
 
-if __name__ == "__main__":
-    # os._exit, not sys.exit: skip interpreter shutdown, where threads or atexit hooks left by the learner's
-    # code could still run (and hang) after the results are written.
-    sys.stdout.flush()
-    os._exit(main())
+# --- the job ------------------------------------------------------------------------------------------
+def _read_job() -> Job:
+    data = sys.stdin.buffer.read()
+    os.close(0)
+    return pickle.loads(data)  # from the grader, the only writer of this pipe
+
+
+def run_job(job: Job, say: _Channel) -> int:
+    import functools
+
+    from attention_course.grading.exercises import get_exercise
+    from attention_course.grading.library_rules import hide_library
+    from attention_course.grading.wire import outcome_of_call
+
+    say.output_limit = job.output_limit
+    say("start", pid=os.getpid())
+    exercise = get_exercise(job.exercise_id)
+    if job.allowed is not None:
+        hide_library(job.exercise_id, job.allowed)
+    namespace = _namespace()
+
+    say("preamble")
+    exec(compile(job.preamble, "<preamble>", "exec"), namespace)
+
+    for index, part_name, source in job.cells:
+        say("cell", cell=index, part=part_name)
+        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"))
+        if outcome["status"] == "error":
+            say("cell_error", cell=index, part=part_name, type=outcome["type"], message=outcome["message"],
+                where=outcome["where"])
+
+    import torch
+
+    for part_name, cases in job.parts:
+        say("part", part=part_name)
+        part = exercise.part(part_name)
+        obj = namespace.get(part.function)
+        if obj is None:
+            say("missing", part=part_name)
+            continue
+        outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
+        buffer = io.BytesIO()
+        torch.save(outcomes, buffer)
+        say("part_done", blob=buffer.getvalue(), part=part_name)
+
+    say("done")
+    return 0
+
+
+def main(channel_fd: int, settings_json: str) -> None:
+    """The worker's entry point (see the module docstring); never returns."""
+    code = 1
+    try:
+        settings = json.loads(settings_json)
+        _confine(settings)
+        say = _Channel(channel_fd, os.dup(1))
+        import torch
+
+        import attention_course  # noqa: F401
+        from attention_course.grading import library_rules, wire  # noqa: F401
+        from attention_course.grading.exercises import exercise_ids, get_exercise
+
+        torch.set_num_threads(1)
+        for exercise_id in exercise_ids():
+            try:
+                get_exercise(exercise_id)
+            except Exception:  # a broken module fails its own jobs only
+                pass
+        if settings.get("memory"):
+            _set_limit("RLIMIT_AS", _address_space() + int(settings["memory"]))
+        say("ready")
+        job = _read_job()
+        code = run_job(job, say)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        # os._exit, not sys.exit: skip interpreter shutdown, where threads or atexit hooks left by the
+        # learner's code could still run (and hang) after the results are sent.
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

@@ -1,0 +1,292 @@
+"""Operating-system isolation for learners' code: bubblewrap, resource limits and safe reading.
+
+The grader runs each notebook's graded cells in a fresh **sandbox** (see
+:mod:`attention_course.grading.launcher`): a ``bwrap`` (bubblewrap) process that gives the worker
+
+- new PID, network, IPC and UTS namespaces (no network, no view of other processes, killed as one when
+  the grader kills it: ``--die-with-parent``, ``--new-session``);
+- a filesystem made only of read-only binds of what Python needs (``/usr``, the Python installation, the
+  virtual environment, the course package's source folder) and a private, size-capped tmpfs at ``/tmp``
+  as its only writable place. The submissions, the solution notebooks, the grades, the instructor's home
+  and the rest of the repository do not exist inside;
+- an unprivileged user: as root, the grader hands the sandbox a uid of its own (so the process limit
+  counts that sandbox only); otherwise bubblewrap's user namespace maps the instructor's uid;
+- resource limits it cannot raise (:class:`Limits`): address space, processes, file size, CPU time, no
+  core dumps, and ``no_new_privs``; file size (``RLIMIT_FSIZE``) is the output limit plus one byte; the
+  grader adds a wall clock per step and per notebook, and watches the output.
+
+This module also reads submissions safely (:func:`read_submission`) and strips control characters from
+anything the grader prints or writes (:func:`clean_text`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import stat
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "INSTALL_HINT",
+    "Limits",
+    "SandboxUnavailable",
+    "Snapshot",
+    "bwrap_path",
+    "check_sandbox",
+    "clean_text",
+    "read_submission",
+    "sandbox_command",
+    "worker_environment",
+]
+
+#: How to get bubblewrap, for the message of a grader that cannot isolate learners' code.
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`, or `make grader-deps`), "
+                "or pass --no-sandbox to run learners' code UNISOLATED, with your own rights (not for real classes)")
+
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI sequences (colours, cursor movement)
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC sequences (titles, hyperlinks)
+    r"|\x1b.?|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # other escapes and control characters
+)
+
+
+def clean_text(text: object, limit: int | None = None) -> str:
+    """``text`` on one line, without ANSI escapes or control characters (so that nothing the learner's
+    code wrote can move the cursor or forge a line of the report), cut to ``limit`` characters."""
+    cleaned = _CONTROL.sub("", str(text).replace("\t", " ").replace("\r\n", "\n").replace("\n", " "))
+    cleaned = cleaned.replace("\u2028", " ").replace("\u2029", " ").replace("\u202e", "").replace("\u202d", "")
+    if limit is not None and len(cleaned) > limit:
+        cleaned = cleaned[: max(0, limit - 3)] + "..."
+    return cleaned
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or does not work here; the message says how to install it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one worker process (a sandbox), none of which the learner's code can raise.
+
+    Attributes:
+        memory: bytes of address space the learner's code may add to what Python and torch use after
+            start-up (``RLIMIT_AS``).
+        processes: processes and threads (``RLIMIT_NPROC``; per sandbox: its own uid or user namespace).
+        tmpfs: bytes of the sandbox's private ``/tmp``.
+        cpu_seconds: CPU time of the whole process (``RLIMIT_CPU``), a backstop for the wall clock.
+    """
+
+    memory: int = 2 * 1024**3
+    processes: int = 64
+    tmpfs: int = 64 * 1024**2
+    cpu_seconds: int = 600
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap executable, or ``None``."""
+    return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.access(p, os.X_OK)),
+                                         None)
+
+
+_checked: dict[str, str | None] = {}
+_check_lock = threading.Lock()
+
+
+def check_sandbox() -> None:
+    """Raise :class:`SandboxUnavailable` unless bubblewrap is installed and can start a sandbox here
+    (checked once per process, by starting ``true`` in the same kind of sandbox the workers get)."""
+    import subprocess
+
+    with _check_lock:
+        if "result" not in _checked:
+            path = bwrap_path()
+            if path is None:
+                _checked["result"] = f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}"
+            else:
+                command = sandbox_command([_true_path()], uid=_free_uid_probe())
+                try:
+                    probe = subprocess.run(command, capture_output=True, timeout=60, env=worker_environment(),
+                                           preexec_fn=_set_pdeathsig)
+                    if probe.returncode == 0:
+                        _checked["result"] = None
+                    else:
+                        why = clean_text(probe.stderr.decode(errors="replace"), 300)
+                        _checked["result"] = f"bubblewrap cannot start a sandbox here ({why}); {INSTALL_HINT}"
+                except (OSError, subprocess.SubprocessError) as exc:
+                    _checked["result"] = f"bubblewrap cannot start a sandbox here ({exc}); {INSTALL_HINT}"
+        problem = _checked["result"]
+    if problem:
+        raise SandboxUnavailable(problem)
+
+
+def _true_path() -> str:
+    return shutil.which("true") or "/bin/true"
+
+
+def _free_uid_probe() -> int | None:
+    return SANDBOX_UID_BASE if os.geteuid() == 0 else None
+
+
+# --- what the sandbox sees ----------------------------------------------------------------------------
+#: First uid handed to sandboxes when the grader runs as root (one uid per live sandbox).
+SANDBOX_UID_BASE = 2_000_000_000
+
+
+def package_root() -> Path:
+    """The folder that holds the ``attention_course`` package (``src/`` in a clone, else site-packages)."""
+    import attention_course
+
+    return Path(attention_course.__file__).resolve().parents[1]
+
+
+def _real(path: str | Path) -> str:
+    return str(Path(path).resolve())
+
+
+def _read_only_paths() -> list[str]:
+    """What the worker needs to read: the Python installation, the environment, the course package."""
+    candidates = [sys.base_prefix, sys.prefix, sys.exec_prefix, str(package_root())]
+    # Where the interpreter's own files really live (a venv's python is a symlink into the base install).
+    candidates.append(str(Path(_real(sys.executable)).parents[1]))
+    paths: list[str] = []
+    for candidate in candidates:
+        real = _real(candidate)
+        if real == "/" or real in paths:
+            continue
+        paths.append(real)
+        if candidate != real and os.path.abspath(candidate) not in paths:
+            paths.append(os.path.abspath(candidate))
+    # Drop paths inside another bound path (a venv inside the repo's src? never bind twice).
+    paths.sort(key=len)
+    kept: list[str] = []
+    for path in paths:
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+_SYSTEM = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
+           "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"]
+
+
+def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = None) -> list[str]:
+    """The ``bwrap`` command line that runs ``argv`` in a fresh sandbox (see the module docstring).
+
+    Args:
+        argv: the command to run inside (absolute paths).
+        uid: as root, the sandbox's own uid (the worker drops to it); ``None`` when not root.
+        limits: sizes (the tmpfs); the rlimits are applied by the worker itself.
+    """
+    limits = limits or Limits()
+    path = bwrap_path()
+    if path is None:
+        raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
+    command = [path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
+    if os.geteuid() == 0:
+        # No user namespace: the worker drops from root to its own uid (so RLIMIT_NPROC binds; root is exempt).
+        command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        command += ["--unshare-user", "--disable-userns"]
+    for system in _SYSTEM:
+        if os.path.islink(system):
+            command += ["--symlink", os.readlink(system), system]
+        elif os.path.exists(system):
+            command += ["--ro-bind", system, system]
+    bound = _read_only_paths()
+    parents = sorted({str(parent) for path in bound for parent in Path(path).parents if str(parent) != "/"},
+                     key=lambda p: p.count("/"))
+    for parent in parents:  # made by bwrap with mode 0700 otherwise: unreadable once the worker drops root
+        command += ["--perms", "0755", "--dir", parent]
+    for read_only in bound:
+        command += ["--ro-bind", read_only, read_only]
+    command += ["--proc", "/proc", "--dev", "/dev",
+                "--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp",
+                "--chdir", "/tmp"]
+    environment = worker_environment()
+    if uid is not None:
+        environment["ATTENTION_COURSE_SANDBOX_UID"] = str(uid)
+    for key, value in environment.items():
+        command += ["--setenv", key, value]
+    return command + ["--", *argv]
+
+
+def worker_environment() -> dict[str, str]:
+    """The allow-listed environment of a worker: nothing of the instructor's (no tokens, no paths)."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        "PYTHONUNBUFFERED": "1",
+        "ATTENTION_COURSE_DEVICE": "cpu",
+        "ATTENTION_COURSE_STATIC_FIGURES": "1",
+    }
+    return env
+
+
+def _set_pdeathsig() -> None:
+    """In a child before exec: die when the grader dies (bwrap's --die-with-parent covers the inside)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:
+        pass
+
+
+# --- reading a submission -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Snapshot:
+    """A submission's bytes, read once before any learner code runs, and their sha256."""
+
+    data: bytes
+    sha256: str
+
+
+def read_submission(path: str | Path, max_bytes: int) -> Snapshot | str:
+    """Read ``path`` once, safely: a regular file only (no symlink, FIFO, device), at most ``max_bytes``.
+
+    Returns:
+        the :class:`Snapshot`, or a message saying why the file was refused. The message never quotes the
+        file's contents.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if os.path.islink(path):
+            return "the file is a symbolic link, not a notebook (submit the .ipynb file itself)"
+        return f"could not open the file ({exc.strerror or type(exc).__name__})"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return "not a regular file (a folder, pipe, device or socket), so not a notebook"
+        if info.st_size > max_bytes:
+            return f"the notebook is {info.st_size:,} bytes, more than the {max_bytes:,} accepted"
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            return f"the notebook is more than the {max_bytes:,} bytes accepted"
+        data = b"".join(chunks)
+    except OSError as exc:
+        return f"could not read the file ({exc.strerror or type(exc).__name__})"
+    finally:
+        os.close(fd)
+    return Snapshot(data, hashlib.sha256(data).hexdigest())

@@ -1,0 +1,212 @@
+"""Which names of the course library a graded part may use, and how the grader enforces it.
+
+The rule, part by part: a graded cell may use PyTorch (and the standard library) freely, but from the
+course library (``attention_course``, usually imported as ``ac``) only the names its part allows. By
+default a part allows **nothing**: the library holds a finished version of almost every exercise
+(``ac.MultiHeadAttention`` would answer ex06), so calling it would earn marks for work not done. The
+exceptions are building blocks from earlier chapters that a part is meant to reuse, listed in
+:data:`ALLOWED` (e.g. ex10's decoder layer and greedy decoding may call ``ac.causal_mask``; ex09's encoder
+layer is built from ``ac.MultiHeadAttention`` and ``ac.PositionwiseFeedForward``). The grading package
+(``attention_course.grading``, which computes references) is never allowed.
+
+An exercise module may declare its own table, ``LIBRARY_ALLOWED = {"part": {"name", ...}}``, which
+replaces the entry here.
+
+Enforcement has two layers:
+
+- :func:`library_problem` (in the grader, on the cell's source): any use of a name the part does not allow
+  (``ac.X``, ``from attention_course... import X``, the module itself passed around, ``getattr(ac, ...)``,
+  or a string naming the package) fails the part with a message naming the use;
+- :func:`hide_library` (in the worker, before the learner's cells run): names no part of the exercise
+  allows are replaced on the ``attention_course`` package by an object that raises ``PermissionError``
+  when used, which catches indirect lookups the source check cannot see.
+
+It cannot catch a learner who copies the library's (public) source into a cell; that is plagiarism, not
+an attack on the grader.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import types
+from typing import Any
+
+__all__ = ["ALLOWED", "allowed_names", "exercise_allowed", "hide_library", "library_aliases", "library_problem",
+           "rule_text"]
+
+_MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
+
+#: exercise -> part -> course-library names the part may use (parts not listed: none).
+ALLOWED: dict[str, dict[str, frozenset[str]]] = {
+    "ex09": {"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
+    "ex10": {"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},
+}
+
+_PACKAGE = "attention_course"
+
+
+def _table(exercise_id: str) -> dict[str, frozenset[str]]:
+    try:
+        module = importlib.import_module(f"{_PACKAGE}.grading.exercises.{exercise_id}")
+        declared = getattr(module, "LIBRARY_ALLOWED", None)
+    except Exception:
+        declared = None
+    if isinstance(declared, dict):
+        return {str(part): frozenset(map(str, names)) for part, names in declared.items()}
+    return dict(ALLOWED.get(exercise_id, {}))
+
+
+def allowed_names(exercise_id: str, part: str) -> frozenset[str]:
+    """The course-library names ``part`` of ``exercise_id`` may use."""
+    return _table(exercise_id).get(part, frozenset())
+
+
+def exercise_allowed(exercise_id: str) -> frozenset[str]:
+    """The names some part of the exercise may use (what the worker leaves visible)."""
+    names: set[str] = set()
+    for allowed in _table(exercise_id).values():
+        names |= allowed
+    return frozenset(names)
+
+
+def rule_text(exercise_id: str, part: str) -> str:
+    allowed = sorted(allowed_names(exercise_id, part))
+    if not allowed:
+        return f"part {part} may not use the course library (attention_course); write it with PyTorch"
+    return f"part {part} may use only {', '.join('ac.' + name for name in allowed)} from the course library"
+
+
+def _submodules() -> set[str]:
+    import attention_course
+
+    return {name for name, value in vars(attention_course).items() if isinstance(value, types.ModuleType)}
+
+
+def _parse(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError):
+        try:
+            from IPython.core.inputtransformer2 import TransformerManager
+
+            return ast.parse(TransformerManager().transform_cell(source))
+        except Exception:
+            return None
+
+
+def library_aliases(sources: list[str]) -> set[str]:
+    """The names that the preamble and graded cells bind to the course library or one of its modules
+    (``ac`` from ``import attention_course as ac``); cells share one namespace, so all cells count."""
+    aliases: set[str] = set()
+    for source in sources:
+        tree = _parse(source)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == _PACKAGE:
+                        aliases.add(alias.asname or _PACKAGE)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == _PACKAGE:
+                aliases.update(alias.asname or alias.name for alias in node.names
+                               if alias.name in _submodules() | {"grading"})
+    return aliases
+
+
+def library_problem(source: str, exercise_id: str, part: str, aliases: set[str] | None = None) -> str | None:
+    """Why the graded cell ``source`` of ``part`` breaks the library rule, or ``None`` if it does not.
+
+    Args:
+        aliases: names bound to the library elsewhere (:func:`library_aliases` of the preamble and cells).
+    """
+    tree = _parse(source)
+    if tree is None:
+        return None  # it will not run either; the cell's own error is the message
+    allowed = allowed_names(exercise_id, part)
+    modules = _submodules() | {"grading"}
+    aliases = set(aliases or ()) | library_aliases([source])
+
+    def bad(use: str) -> str:
+        return f"it uses {use}, which this part does not allow ({rule_text(exercise_id, part)})"
+
+    def check_path(components: list[str], shown: str) -> str | None:
+        for component in components:
+            if component == "grading":
+                return bad(f"the grader's own code ({shown})")
+            if component in allowed:
+                return None
+            if component in modules:
+                continue
+            return bad(shown)
+        return bad(f"the library module {shown} itself")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                root, *rest = alias.name.split(".")
+                if root == _PACKAGE:
+                    if "grading" in rest:
+                        return bad(f"the grader's own code (import {alias.name})")
+                    aliases.add(alias.asname or root)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == _PACKAGE:
+            path = node.module.split(".")[1:]
+            if "grading" in path:
+                return bad(f"the grader's own code (from {node.module} import ...)")
+            for alias in node.names:
+                if alias.name == "*":
+                    return bad(f"from {node.module} import *")
+                problem = check_path([*path, alias.name], f"{node.module}.{alias.name}")
+                if problem:
+                    return problem
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _PACKAGE in node.value:
+            return bad(f"the string {node.value[:60]!r} (naming the course library)")
+    attribute_roots: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in aliases:
+                attribute_roots.add(id(value))
+                chain.reverse()
+                problem = check_path(chain, f"{value.id}.{'.'.join(chain)}")
+                if problem:
+                    return problem
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in aliases and isinstance(node.ctx, ast.Load) \
+                and id(node) not in attribute_roots:
+            return bad(f"the course library module `{node.id}` itself (getattr, vars, or passing it around)")
+    return None
+
+
+class _Hidden:
+    """Stands in for a library name the exercise does not allow: any use raises ``PermissionError``."""
+
+    def __init__(self, name: str, exercise_id: str) -> None:
+        object.__setattr__(self, "_message",
+                           f"ac.{name} is not available in {exercise_id}: the grader does not allow this exercise to "
+                           "use the course library's version; write it yourself")
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(object.__getattribute__(self, "_message"))
+
+    __call__ = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return "<not available in this exercise>"
+
+
+def hide_library(exercise_id: str, allowed: frozenset[str]) -> None:
+    """In the worker: replace every public, non-module name of ``attention_course`` that no part of the
+    exercise allows (and the grading package) with a :class:`_Hidden` stand-in."""
+    import attention_course
+
+    for name, value in list(vars(attention_course).items()):
+        if name.startswith("_") or name in allowed:
+            continue
+        if isinstance(value, types.ModuleType) and name != "grading":
+            continue
+        setattr(attention_course, name, _Hidden(name, exercise_id))
