@@ -65,6 +65,16 @@ ex02.EXERCISE.parts[1].__dict__["verify"] = lambda case, output: None
 Checker.check = lambda self, *args, **kwargs: print("PASS")
 """
 
+TORCH_CHEATS = """
+import numpy as np
+import torch
+torch.allclose = lambda *args, **kwargs: True
+torch.equal = lambda *args, **kwargs: True
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+np.allclose = lambda *args, **kwargs: True
+np.testing.assert_allclose = lambda *args, **kwargs: None
+"""
+
 
 @dataclass
 class Hostile:
@@ -101,9 +111,9 @@ HOSTILE = [
             {"hard_attention_weights": "ValueError: no idea"}),
     Hostile("infinite_loop_in_function", [replace("hard_attention_weights",
                                                   "def hard_attention_weights(scores):\n    while True:\n        pass")],
-            {"hard_attention_weights": "time limit"}),
+            {"hard_attention_weights": f"within {TIMEOUT} s"}),
     Hostile("infinite_loop_in_cell", [prepend("equivariance_gap", "while True:\n    pass")],
-            {"equivariance_gap": "time limit"}),
+            {"equivariance_gap": f"within {TIMEOUT} s"}),
     Hostile("sys_exit_in_function", [replace("hard_attention_weights",
                                              "import sys\ndef hard_attention_weights(scores):\n    sys.exit(0)")],
             {"hard_attention_weights": "sys.exit"}),
@@ -120,13 +130,18 @@ HOSTILE = [
                                                      graded_cell(nb, "self_attention_no_projections").source.replace(
                                                          "    ### BEGIN SOLUTION", "    _kill()\n    ### BEGIN SOLUTION"))],
             {"self_attention_no_projections": "SIGKILL"}),
-    # Killing the process that started it (the grader's launcher) disturbs nothing: the code is right.
-    Hostile("kills_its_parent", [prepend("attention_pooling", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")],
+    # Killing the process that started it (the sandbox's init, owned by another uid) is refused and disturbs
+    # nothing: the code is right.
+    Hostile("kills_its_parent", [prepend("attention_pooling", "import os, signal\ntry:\n"
+                                         "    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass")],
             {}),
     Hostile("prints_10_megabytes", [prepend("hard_attention_weights", "print('x' * 10_000_000)")],
             {"hard_attention_weights": "printed more than"}),
-    Hostile("monkeypatches_torch_numpy_and_the_checker", [replace("soft_attention_weights", CHEATS + WRONG_SOFT)],
+    Hostile("monkeypatches_torch_and_numpy", [replace("soft_attention_weights", TORCH_CHEATS + WRONG_SOFT)],
             {"soft_attention_weights": "failed", "self_attention_no_projections": "failed"}),
+    # Importing the grader's own modules breaks the library rule: no marks, whatever the patches would do.
+    Hostile("monkeypatches_torch_numpy_and_the_checker", [replace("soft_attention_weights", CHEATS + WRONG_SOFT)],
+            {"soft_attention_weights": "the grader's own code", "self_attention_no_projections": "failed"}),
     Hostile("fakes_its_check_cell", [replace("soft_attention_weights", WRONG_SOFT), fake_check_output],
             {"soft_attention_weights": "check cell was edited or deleted", "self_attention_no_projections": "failed"}),
     Hostile("deletes_check_cell_with_wrong_code", [replace("soft_attention_weights", WRONG_SOFT),
