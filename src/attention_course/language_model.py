@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attention_course.cost import kv_cache_bytes
 from attention_course.efficient import KVCache, cached_self_attention
 from attention_course.feedforward import PositionwiseFeedForward
 from attention_course.layers import EncoderLayer
@@ -272,14 +273,12 @@ class DecoderOnlyLM(nn.Module):
         return self.lm_head(self.norm(x))
 
     def kv_cache_bytes(self, batch: int, length: int, dtype: torch.dtype = torch.float32) -> int:
-        """Memory of a full KV cache by formula: ``2 (K and V) · layers · batch · length · kv_width · bytes``.
-
-        ``kv_width`` is ``d_model``, or ``num_kv_heads · d_head`` when keys and values have fewer heads.
-        """
+        """Memory of a full KV cache by formula (:func:`attention_course.cost.kv_cache_bytes`):
+        ``2 (K and V) · layers · kv_heads · d_head · length · batch · bytes per value``."""
         attention = self.blocks[0].self_attention
         kv_heads = getattr(attention, "num_kv_heads", None) or attention.num_heads
-        kv_width = kv_heads * attention.d_head
-        return 2 * len(self.blocks) * batch * length * kv_width * torch.empty((), dtype=dtype).element_size()
+        return kv_cache_bytes(len(self.blocks), kv_heads, attention.d_head, length, batch,
+                              bytes_per_value=torch.empty((), dtype=dtype).element_size())
 
     @torch.no_grad()
     def generate(

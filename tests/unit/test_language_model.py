@@ -120,3 +120,15 @@ def test_bad_inputs():
         ac.DecoderOnlyLM(10, positions="rotary-ish")
     with pytest.raises(ValueError, match="int64"):
         _model()(torch.randn(2, 3))
+
+
+def test_grouped_query_options_pass_through_to_attention():
+    model = _model(num_kv_heads=1)
+    assert model.blocks[0].self_attention.num_kv_heads == 1
+    tokens = torch.randint(0, 23, (2, 8))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache()
+        pieces = [model.step(tokens[:, :3], cache)] + [model.step(tokens[:, t:t + 1], cache) for t in range(3, 8)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+    assert cache.num_bytes() == model.kv_cache_bytes(2, 8) == _model().kv_cache_bytes(2, 8) // 2
