@@ -10,7 +10,7 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps bench exercises clean
+.PHONY: help install book test test-fast lint browser-deps grader-deps bench exercises clean
 
 help:
 	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
@@ -19,7 +19,7 @@ help:
 	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
 	@echo "make clean      remove _build"
 
-install: $(STAMP)
+install: $(STAMP) grader-deps
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +51,17 @@ browser-deps:
 	  else sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; fi; }
 	@test -d tests/browser/node_modules/axe-core || (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
 
+# The grader runs learners' code under bubblewrap (Debian package bubblewrap); without it, it refuses to grade.
+grader-deps:
+	@command -v bwrap > /dev/null || { \
+	  echo "installing bubblewrap, which isolates learners' code when grading"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap > /dev/null; \
+	  else sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap > /dev/null; fi; }
+
 # The whole suite: lint; library, notebook-structure and grader tests (two workers with one thread each: two busy
 # workers sharing threads stall each other); the book build, which executes every lesson and solution notebook
 # once and fails on any error (their checks are asserts in cells); the built site, offline and in Chromium.
-test: lint
+test: lint grader-deps
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading
 	$(MAKE) book
 	$(MAKE) browser-deps
