@@ -7,7 +7,7 @@ Closed form for the encoder–decoder of :class:`~attention_course.Transformer` 
                   = 4d² + 2·d·d_ff + d_ff + 9d
     decoder layer = 2 attentions + feed-forward + 3 LayerNorms
                   = 8d² + 2·d·d_ff + d_ff + 15d
-    embeddings    = V·d with one shared vocabulary and three-way tying (paper §3.4), no output bias
+    embeddings    = vocab_size·d with one shared vocabulary and three-way tying (paper §3.4), no output bias
 
 The number of heads does not appear: h heads of width d/h cost as much as one head of width d.
 """
