@@ -44,7 +44,8 @@ from attention_course.grading.isolation import (
 )
 from attention_course.grading.worker import bootstrap_source
 
-__all__ = ["OUTPUT_LOG", "STATUS_LOST", "Sandbox", "SandboxPool", "close_pools", "kill_group", "pool"]
+__all__ = ["OUTPUT_LOG", "STATUS_LOST", "Sandbox", "SandboxPool", "close_pools", "kill_group", "pool",
+           "sandbox_uids"]
 
 OUTPUT_LOG = "output.log"
 STATUS_LOST = -(2**16)  # exit status of a worker whose fate is unknown
@@ -60,6 +61,16 @@ def kill_group(pid: int) -> None:
         pass
 
 
+_UIDS_PER_GRADER = 256
+
+
+def sandbox_uids(grader_pid: int) -> range:
+    """The uids a grader process (as root) hands to its sandboxes: a block of its own, chosen by its pid, so
+    that two graders on one machine do not share RLIMIT_NPROC counts."""
+    start = SANDBOX_UID_BASE + (grader_pid % 8_000) * _UIDS_PER_GRADER
+    return range(start, start + _UIDS_PER_GRADER)
+
+
 class _Uids:
     """As root, each live sandbox gets a uid of its own, so that RLIMIT_NPROC counts its processes only."""
 
@@ -69,13 +80,15 @@ class _Uids:
         self._next = 0
 
     def take(self) -> int:
+        uids = sandbox_uids(os.getpid())
         with self._lock:
-            while True:
-                uid = SANDBOX_UID_BASE + self._next % 100_000
+            for _ in range(len(uids)):
+                uid = uids[self._next % len(uids)]
                 self._next += 1
                 if uid not in self._used:
                     self._used.add(uid)
                     return uid
+        raise RuntimeError(f"more than {len(uids)} sandboxes at once")
 
     def give_back(self, uid: int) -> None:
         with self._lock:
@@ -116,7 +129,8 @@ class Sandbox:
     def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
         self.isolated = isolated
         self.started = time.monotonic()
-        self.dir = Path(tempfile.mkdtemp(prefix="attention-course-grading-"))  # 0700, outside the sandbox
+        # 0700, outside the sandbox; named after the grader's pid so that a test can tell its own apart
+        self.dir = Path(tempfile.mkdtemp(prefix=f"attention-course-grading-{os.getpid()}-"))
         self.log = self.dir / OUTPUT_LOG
         self._uid = _uids.take() if isolated and os.geteuid() == 0 else None
         self._killed = False

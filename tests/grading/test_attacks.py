@@ -1,0 +1,567 @@
+"""Hostile submissions against the isolated grader (issue 18): each is a notebook this test generates.
+
+One grader run (the CLI, ``--jobs 2``, a short ``--timeout``) grades honest classmates (copies of the ex02
+solution: full marks) next to attackers (the learner notebooks, whose stubs earn nothing, with attack code
+in a graded cell, plus files that are not notebooks). Every attack, whether it fails or "succeeds", is
+judged by what it must not change:
+
+- the attacker earns nothing it did not solve (every attacker here solved nothing: 0 points);
+- honest classmates graded in the same run keep their full marks;
+- ``grades.csv`` and ``grades.json`` agree with the printed table after the run, and a few seconds later;
+- no process of the run survives it (sandbox uids, job folders), and no file outside the sandboxes changed
+  (submissions hashed before and after; the attack payload's marker appears in no file of the package,
+  the environment's site-packages, the solutions, the grades or the honeypot "home");
+- no secret reaches the report: an attack that reads something it must not see raises ``LEAK: ...``,
+  which would show in the part's message; the honeypot's, a classmate's and the grader's environment's
+  secrets must appear nowhere in the output;
+- the run ends within a bound computed from the per-notebook limit.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attention_course.grading.isolation import bwrap_path
+from attention_course.grading.launcher import sandbox_uids
+from attention_course.grading.sandbox import STARTUP_TIMEOUT, notebook_budget
+from tests.grading.mutants import graded_cell
+
+pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (make grader-deps) is not installed")
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTION = ROOT / "exercises" / "solutions" / "ex02_hard_and_soft_attention.ipynb"
+LEARNER = ROOT / "exercises" / "ex02_hard_and_soft_attention.ipynb"
+LEARNER_EX10 = ROOT / "exercises" / "ex10_decoder_and_transformer.ipynb"
+PACKAGE = ROOT / "src" / "attention_course"
+TIMEOUT = 5  # seconds per cell or part
+JOBS = 2
+HONEST = 3
+MARKER = "G_ATTACK_PAYLOAD_" + uuid.uuid4().hex[:12]  # what attacks try to write outside their sandbox
+SECRETS = {
+    "home": "HOME_SECRET_" + uuid.uuid4().hex,
+    "classmate": "CLASSMATE_SECRET_" + uuid.uuid4().hex,
+    "environment": "GRADER_ENV_SECRET_" + uuid.uuid4().hex,
+}
+
+# Attack code runs at the top of the graded cell of the first part. {paths} are filled in by the fixture.
+COMMON = """
+import glob, json, os, signal, socket, struct, sys, time
+SUB, OUT, HOME, SOL, PORT = {sub!r}, {out!r}, {home!r}, {sol!r}, {port!r}
+PKG = {pkg_reversed!r}[::-1]  # reversed: the package's name in a string would break the library rule
+MARKER = {marker!r}
+
+def channel_fds():
+    found = []
+    for fd in range(3, 64):
+        try:
+            import stat
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+def frame(payload):
+    return struct.pack(">I", len(payload)) + payload
+"""
+
+ATTACKS: dict[str, str] = {
+    # --- writing where later imports or runs read --------------------------------------------------------
+    "appends_to_the_exercise_module": """
+for target in [os.path.join(PKG, "grading", "exercises", "ex02.py"), os.path.join(PKG, "grading", "judge.py")]:
+    try:
+        with open(target, "a") as f:
+            f.write("\\n# " + MARKER + "\\n")
+        raise RuntimeError("LEAK: appended to " + target)
+    except OSError:
+        pass
+""",
+    "plants_sitecustomize_and_pth": """
+for folder in sys.path + [PKG]:
+    for name in ("sitecustomize.py", "usercustomize.py", "zz_attack.pth"):
+        try:
+            with open(os.path.join(folder, name), "w") as f:
+                f.write("# " + MARKER + "\\n")
+            raise RuntimeError("LEAK: planted " + os.path.join(folder, name))
+        except OSError:
+            pass
+""",
+    "plants_ipython_startup_file": """
+for home in [HOME, os.path.expanduser("~")]:
+    folder = os.path.join(home, ".ipython", "profile_default", "startup")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "00-attack.py"), "w") as f:  # the sandbox's own /tmp at most
+            f.write("# " + MARKER + "\\n")
+    except OSError:
+        pass
+""",
+    "poisons_pycache": """
+folder = os.path.join(PKG, "grading", "exercises", "__pycache__")
+try:
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "ex02.cpython-311.pyc"), "wb") as f:
+        f.write(MARKER.encode())
+    raise RuntimeError("LEAK: wrote a .pyc into the package")
+except OSError:
+    pass
+""",
+    # --- other submissions, solutions, grades, the instructor's files -----------------------------------
+    "finds_submissions_through_proc": """
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        text = open(path, "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    if ".ipynb" in text or SUB in text:
+        raise RuntimeError("LEAK: saw the grader's command line " + text[:200])
+if os.path.exists(SUB):
+    raise RuntimeError("LEAK: the submissions folder is visible")
+""",
+    "overwrites_classmates": """
+for path in glob.glob(os.path.join(SUB, "*.ipynb")) + glob.glob(os.path.join(SUB, "**", "*.ipynb")):
+    try:
+        with open(path, "w") as f:
+            f.write(MARKER)
+        raise RuntimeError("LEAK: overwrote " + path)
+    except OSError:
+        pass
+""",
+    "reads_classmates_and_home": """
+for path in glob.glob(os.path.join(SUB, "*")) + [os.path.join(HOME, "secret.txt"), "/etc/passwd", "/etc/shadow"]:
+    try:
+        raise RuntimeError("LEAK: " + open(path).read()[:300])
+    except OSError:
+        pass
+""",
+    "runs_the_solutions": """
+import attention_course
+root = os.path.dirname(os.path.dirname(os.path.dirname(attention_course.__file__)))
+for folder in [SOL, os.path.join(root, "exercises", "solutions")]:
+    if os.path.isdir(folder):
+        raise RuntimeError("LEAK: solutions at " + folder + ": " + str(os.listdir(folder))[:200])
+""",
+    "setsid_daemon_rewrites_the_grades": """
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3)
+        for name in ("grades.json", "grades.csv"):
+            try:
+                with open(os.path.join(OUT, name), "w") as f:
+                    f.write(MARKER)
+            except OSError:
+                pass
+        os._exit(0)
+    os._exit(0)
+time.sleep(0.2)
+""",
+    "kills_every_process_it_can_see": """
+for path in glob.glob("/proc/[0-9]*"):
+    pid = int(os.path.basename(path))
+    if pid != os.getpid():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+try:
+    os.kill(-1, signal.SIGKILL)
+except OSError:
+    pass
+""",
+    "reads_the_grader_environment_and_memory": """
+for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/mem"):
+    try:
+        data = open(path, "rb").read(1 << 20)
+    except OSError:
+        continue
+    if b"GRADER_ENV_SECRET" in data:
+        raise RuntimeError("LEAK: " + data.decode(errors="replace")[:300])
+if "GRADER_ENV_SECRET" in str(os.environ):
+    raise RuntimeError("LEAK: " + str(os.environ)[:300])
+import ctypes
+libc = ctypes.CDLL(None)
+for pid in range(1, 400):
+    if libc.ptrace(16, pid, 0, 0) == 0:  # PTRACE_ATTACH
+        raise RuntimeError("LEAK: attached to pid " + str(pid))
+""",
+    "reaches_the_network": """
+for address in [("127.0.0.1", PORT), ("1.1.1.1", 53), ("8.8.8.8", 443)]:
+    try:
+        socket.create_connection(address, timeout=1).close()
+        raise RuntimeError("LEAK: connected to " + str(address))
+    except OSError:
+        pass
+""",
+    "gains_privileges": """
+for attempt in (lambda: os.setuid(0), lambda: os.setgid(0), lambda: os.chroot("/"),
+                lambda: open("/etc/shadow").read()):
+    try:
+        attempt()
+        raise RuntimeError("LEAK: a privileged call succeeded")
+    except OSError:
+        pass
+""",
+    # --- attacks on the channel to the grader -----------------------------------------------------------
+    "sends_deeply_nested_json": """
+for fd in channel_fds():
+    try:
+        os.write(fd, frame(b"[" * 100_000 + b"]" * 100_000))
+    except OSError:
+        pass
+""",
+    "floods_the_channel": """
+payload = frame(json.dumps({"step": "cell", "cell": 0, "part": "hard_attention_weights"}).encode())
+for fd in channel_fds():
+    try:
+        for _ in range(200_000):
+            os.write(fd, payload)
+    except OSError:
+        pass
+""",
+    "reannounces_its_step_forever": """
+for _ in range(600):
+    for fd in channel_fds():
+        try:
+            os.write(fd, frame(json.dumps({"step": "part", "part": "hard_attention_weights"}).encode()))
+        except OSError:
+            pass
+    time.sleep(0.5)
+""",
+    "announces_a_giant_frame": """
+for fd in channel_fds():
+    try:
+        os.write(fd, struct.pack(">I", 0xFFFFFFF0) + b"x" * 65536)
+    except OSError:
+        pass
+""",
+    "forges_done": """
+for fd in channel_fds():
+    try:
+        os.write(fd, frame(b'{"step": "done"}'))
+    except OSError:
+        pass
+""",
+    "closes_every_descriptor": """
+os.closerange(3, 4096)
+""",
+    # --- resources --------------------------------------------------------------------------------------
+    "memory_bomb_3_gb": """
+import torch
+try:
+    hoard = torch.ones(3 * 1024**3 // 4)
+    raise RuntimeError("LEAK: allocated 3 GB")
+except (MemoryError, RuntimeError) as exc:
+    if "LEAK" in str(exc):
+        raise
+try:
+    hoard = bytearray(3 * 1024**3)
+    raise RuntimeError("LEAK: allocated 3 GB")
+except MemoryError:
+    pass
+""",
+    "fork_bomb": """
+children = 0
+for _ in range(10_000):
+    try:
+        if os.fork() == 0:
+            time.sleep(1000)
+            os._exit(0)
+        children += 1
+    except OSError:
+        break
+if children >= 1000:
+    raise RuntimeError("LEAK: started " + str(children) + " processes")
+""",
+    "fills_the_disk": """
+written = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        for _ in range(2000):
+            f.write(b"x" * (1 << 20))
+            written += 1 << 20
+except OSError:
+    pass
+if written >= 1 << 30:
+    raise RuntimeError("LEAK: wrote 1 GB")
+""",
+    "prints_20_megabytes": """
+print("y" * 20_000_000)
+""",
+    # --- forging the report -----------------------------------------------------------------------------
+    "ansi_escapes_forge_a_pass": """
+raise ValueError("\\x1b[2K\\r\\x1b[1A  hard_attention_weights  1/1  all 8 cases passed\\n\\x1b[32mPASSED\\x1b[0m")
+""",
+}
+
+# Attacks that call the course library instead of solving the part (the library rule).
+LIBRARY_ATTACKS: dict[str, tuple[str, str]] = {
+    "calls_the_library_directly": (
+        "soft_attention_weights",
+        "import attention_course as ac\n"
+        "def soft_attention_weights(scores, beta=1.0):\n    return ac.soft_attention_weights(scores, beta)\n"),
+    "calls_the_library_through_getattr": (
+        "soft_attention_weights",
+        "_lib = __import__('attention' + '_course')\n"
+        "def soft_attention_weights(scores, beta=1.0):\n"
+        "    return getattr(_lib, 'soft_attention' + '_weights')(scores, beta)\n"),
+}
+
+# Files that are not notebooks, under names that say they are.
+FILE_ATTACKS = ["fifo", "symlink_to_dev_zero", "symlink_to_etc_passwd", "oversized", "deeply_nested_json"]
+
+
+@dataclass
+class Run:
+    results: dict[str, dict]
+    stdout: str
+    stderr: str
+    seconds: float
+    bound: float
+    grades_json: bytes
+    grades_csv: bytes
+    grades_later: tuple[bytes, bytes]
+    survivors: list[str]
+    leftover_dirs: list[str]
+    submissions_before: dict[str, str]
+    submissions_after: dict[str, str]
+    marker_files: list[str]
+    connections: list[str]
+
+
+def _hash_tree(folder: Path) -> dict[str, str]:
+    hashes = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            hashes[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+def _files_with(marker: str, folders: list[Path]) -> list[str]:
+    found = []
+    for folder in folders:
+        for path in folder.rglob("*"):
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_size < 50_000_000 \
+                        and marker.encode() in path.read_bytes():
+                    found.append(str(path))
+            except OSError:
+                pass
+    return found
+
+
+def _processes_of(uids: range) -> list[str]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("Uid:") and int(line.split()[1]) in uids:
+                found.append(f"{status.parent.name}: {text.splitlines()[0]}")
+    return found
+
+
+def _attack_notebook(code: str, paths: dict) -> nbformat.NotebookNode:
+    nb = nbformat.read(LEARNER, as_version=4)
+    cell = graded_cell(nb, "hard_attention_weights")
+    cell.source = COMMON.format(**paths) + code + "\n" + cell.source
+    return nb
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory) -> Run:
+    base = tmp_path_factory.mktemp("attacks")
+    sub, out, home = base / "submissions", base / "grades", base / "home"
+    for folder in (sub, out, home):
+        folder.mkdir()
+    (home / "secret.txt").write_text(SECRETS["home"])
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.5)
+    connections: list[str] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, address = server.accept()
+                connections.append(str(address))
+                connection.close()
+            except OSError:
+                pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    paths = {"sub": str(sub), "out": str(out), "home": str(home), "sol": str(SOLUTION.parent), "pkg_reversed": str(PACKAGE)[::-1],
+             "port": server.getsockname()[1], "marker": MARKER}
+
+    for number in range(HONEST):
+        nb = nbformat.read(SOLUTION, as_version=4)
+        nb.cells.append(nbformat.v4.new_markdown_cell(f"my notes: {SECRETS['classmate']}"))
+        nbformat.write(nb, sub / f"honest_{number}.ipynb")
+    for name, code in ATTACKS.items():
+        nbformat.write(_attack_notebook(code, paths), sub / f"attack_{name}.ipynb")
+    for name, (part, source) in LIBRARY_ATTACKS.items():
+        nb = nbformat.read(LEARNER, as_version=4)
+        graded_cell(nb, part).source = source
+        nbformat.write(nb, sub / f"attack_{name}.ipynb")
+    # ex10: the decoder layer stolen from the reference the checker used to send along with the case.
+    nb = nbformat.read(LEARNER_EX10, as_version=4)
+    graded_cell(nb, "decoder_layer_forward").source = (
+        "import sys\n"
+        "def decoder_layer_forward(sublayers, y, memory, self_mask=None, memory_mask=None, **kwargs):\n"
+        "    frame = sys._getframe(1)\n"
+        "    while frame is not None and 'case' not in frame.f_locals:\n"
+        "        frame = frame.f_back\n"
+        "    reference = frame.f_locals['case'].data['reference']\n"
+        "    return reference(y, memory, tgt_mask=None if self_mask is None else ~self_mask,\n"
+        "                     memory_key_padding_mask=None if memory_mask is None else ~memory_mask[:, 0, 0])\n")
+    nbformat.write(nb, sub / "attack_steals_the_reference_ex10.ipynb")
+    os.mkfifo(sub / "attack_fifo.ipynb")
+    (sub / "attack_symlink_to_dev_zero.ipynb").symlink_to("/dev/zero")
+    (sub / "attack_symlink_to_etc_passwd.ipynb").symlink_to("/etc/passwd")
+    with open(sub / "attack_oversized.ipynb", "wb") as f:
+        f.truncate(21_000_000)
+    (sub / "attack_deeply_nested_json.ipynb").write_text("[" * 200_000 + "]" * 200_000)
+
+    before = _hash_tree(sub)
+    env = {**os.environ, "GRADER_SECRET_TOKEN": SECRETS["environment"], "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "attention_course.grading", str(sub), "--json", str(out / "grades.json"),
+               "--csv", str(out / "grades.csv"), "--jobs", str(JOBS), "--timeout", str(TIMEOUT), "--seed", "0"]
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=base)
+    stdout, stderr = proc.communicate(timeout=900)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, stdout.decode()[-3000:] + stderr.decode()[-3000:]
+    grades_json, grades_csv = (out / "grades.json").read_bytes(), (out / "grades.csv").read_bytes()
+    time.sleep(4)  # the daemons' moment
+    stop.set()
+    server.close()
+    uids = sandbox_uids(proc.pid)
+    results = {Path(entry["path"]).name: entry for entry in json.loads(grades_json)["notebooks"]}
+    notebooks = len(results)
+    per_notebook = STARTUP_TIMEOUT + notebook_budget(TIMEOUT, 5, 5) + 10
+    return Run(
+        results=results, stdout=stdout.decode(errors="replace"), stderr=stderr.decode(errors="replace"),
+        seconds=seconds, bound=per_notebook * (notebooks / JOBS + 1),
+        grades_json=grades_json, grades_csv=grades_csv,
+        grades_later=((out / "grades.json").read_bytes(), (out / "grades.csv").read_bytes()),
+        survivors=_processes_of(uids),
+        leftover_dirs=[str(p) for p in Path("/tmp").glob(f"attention-course-grading-{proc.pid}-*")],
+        submissions_before=before, submissions_after=_hash_tree(sub),
+        marker_files=_files_with(MARKER, [PACKAGE, Path(sys.prefix) / "lib", SOLUTION.parent, out, home]),
+        connections=connections,
+    )
+
+
+def _check_the_run(run: Run) -> None:
+    """What every attack must leave intact: classmates, grades, machine, files, time, secrets."""
+    for number in range(HONEST):
+        entry = run.results[f"honest_{number}.ipynb"]
+        assert entry["score"] == entry["max_score"] == 8, entry
+    # The grades files agree with the printed table, and still do a few seconds later.
+    assert run.grades_later == (run.grades_json, run.grades_csv)
+    rows = {Path(row["path"]).name: row for row in csv.DictReader(io.StringIO(run.grades_csv.decode()))}
+    table = run.stdout.splitlines()
+    for name, entry in run.results.items():
+        assert float(rows[name]["score"]) == entry["score"]
+        shown = f"{entry['score']:g}/{entry['max_score']}"
+        assert any(line.startswith(entry["path"]) and shown in line for line in table), (name, shown)
+    assert not run.survivors, run.survivors
+    assert not run.leftover_dirs, run.leftover_dirs
+    assert run.submissions_after == run.submissions_before
+    assert not run.marker_files, run.marker_files
+    assert not run.connections, run.connections
+    assert run.seconds < run.bound, (run.seconds, run.bound)
+    everything = run.stdout + run.stderr + run.grades_json.decode() + run.grades_csv.decode()
+    assert "LEAK" not in everything
+    for secret in SECRETS.values():
+        assert secret not in everything
+    assert "\x1b" not in everything
+    assert "Traceback" not in everything
+
+
+def _attacker(run: Run, name: str) -> dict:
+    entry = run.results[name]
+    assert entry["score"] == 0, entry
+    assert all(part["score"] == 0 for part in entry["parts"]), entry
+    return entry
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_code_attack_earns_nothing_and_harms_no_one(attacked, attack):
+    _check_the_run(attacked)
+    entry = _attacker(attacked, f"attack_{attack}.ipynb")
+    assert entry["sha256"] and len(entry["sha256"]) == 64
+
+
+@pytest.mark.parametrize("attack", list(LIBRARY_ATTACKS))
+def test_calling_the_course_library_earns_nothing(attacked, attack):
+    _check_the_run(attacked)
+    entry = _attacker(attacked, f"attack_{attack}.ipynb")
+    part = next(p for p in entry["parts"] if p["name"] == "soft_attention_weights")
+    assert "does not allow" in part["message"] or "not available in ex02" in part["message"], part
+
+
+def test_the_reference_does_not_travel_with_the_case(attacked):
+    _check_the_run(attacked)
+    entry = _attacker(attacked, "attack_steals_the_reference_ex10.ipynb")
+    part = next(p for p in entry["parts"] if p["name"] == "decoder_layer_forward")
+    assert "KeyError" in part["message"], part
+
+
+@pytest.mark.parametrize("attack", FILE_ATTACKS)
+def test_a_file_that_is_not_a_notebook_is_refused_without_quoting_it(attacked, attack):
+    _check_the_run(attacked)
+    entry = _attacker(attacked, f"attack_{attack}.ipynb")
+    assert entry["message"], entry
+    assert "root:" not in entry["message"]
+    assert entry["sha256"] is None or attack in ("deeply_nested_json",)
+
+
+def test_resource_attacks_are_stopped_by_the_limits(attacked):
+    parts = {name: {p["name"]: p for p in attacked.results[f"attack_{name}.ipynb"]["parts"]}
+             for name in ("prints_20_megabytes", "reannounces_its_step_forever", "floods_the_channel",
+                          "sends_deeply_nested_json", "forges_done")}
+    assert "printed more than" in parts["prints_20_megabytes"]["hard_attention_weights"]["message"]
+    for name in ("reannounces_its_step_forever", "floods_the_channel", "sends_deeply_nested_json", "forges_done"):
+        assert "protocol" in parts[name]["hard_attention_weights"]["message"], (name, parts[name])
+    # Re-announcing cannot stretch the notebook: it is stopped at its first repeat, not after its loop.
+    assert attacked.results["attack_reannounces_its_step_forever.ipynb"]["seconds"] < 3 * TIMEOUT + STARTUP_TIMEOUT
+
+
+def test_ansi_escapes_cannot_forge_a_line_of_the_report(attacked):
+    entry = attacked.results["attack_ansi_escapes_forge_a_pass.ipynb"]
+    message = next(p for p in entry["parts"] if p["name"] == "hard_attention_weights")["message"]
+    assert "\x1b" not in message and "\n" not in message and "\r" not in message
+    assert not any(line.startswith("  hard_attention_weights  1/1  all 8 cases passed")
+                   for line in attacked.stdout.splitlines())
+
+
+def test_without_bubblewrap_the_grader_refuses_and_names_no_sandbox(tmp_path):
+    nb = nbformat.read(SOLUTION, as_version=4)
+    nbformat.write(nb, tmp_path / "ex02.ipynb")
+    env = {**os.environ, "PATH": str(tmp_path / "empty")}
+    code = ("import attention_course.grading.isolation as iso; iso.bwrap_path = lambda: None; "
+            "from attention_course.grading.__main__ import main; raise SystemExit(main())")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ex02.ipynb")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "bubblewrap" in run.stderr and "--no-sandbox" in run.stderr and "make grader-deps" in run.stderr
