@@ -377,11 +377,12 @@ def apply(mutant: Mutant) -> nbformat.NotebookNode:
     return nb
 
 
-def write_mutants(folder: Path) -> dict[str, Mutant]:
-    """Write one notebook per mutant into ``folder``; returns file name -> mutant."""
+def write_mutants(folder: Path, mutants: list[Mutant] | None = None) -> dict[str, Mutant]:
+    """Write one notebook per mutant (default: all of :data:`MUTANTS`) into ``folder``; returns file name ->
+    mutant."""
     folder.mkdir(parents=True, exist_ok=True)
     written = {}
-    for mutant in MUTANTS:
+    for mutant in MUTANTS if mutants is None else mutants:
         name = f"{mutant.notebook}__{mutant.name}.ipynb"
         nbformat.write(apply(mutant), folder / name)
         written[name] = mutant

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -74,7 +75,7 @@ def test_case_lines_progress_and_hint():
     cases = ex.part("attention_pooling").make_cases(torch.Generator().manual_seed(0))
     for case in cases:
         assert f"PASS  {case.name}" in text
-    assert "Hint: " in text and "weights @ X" in text
+    assert "Hint (concept): " in text and "weighted average" in text
     assert text.strip().endswith("Progress: 1 of 5 parts passed, 1 of 8 points (ex02).")
 
 
@@ -144,7 +145,7 @@ def test_every_exercise_has_hints_and_distinct_fresh_cases():
     for exercise_id in exercise_ids():
         ex = get_exercise(exercise_id)
         for part in ex.parts:
-            assert len(part.hint) > 40 and part.summary
+            assert part.hints and all(len(hint) > 40 for hint in part.hints) and part.summary
             first = part.make_cases(torch.Generator().manual_seed(1))
             second = part.make_cases(torch.Generator().manual_seed(2))
             assert [c.name for c in first] == [c.name for c in second], "case names must not depend on the seed"
@@ -206,3 +207,73 @@ def test_result_files_are_read_without_running_code(tmp_path):
     torch.save([{"status": "ok", "value": torch.ones(2)}], path)
     assert _load_outcomes(path, 1)[0]["status"] == "ok"
     assert _load_outcomes(path, 2) == "its results were incomplete"
+
+
+def _solution_lines(path: Path) -> dict[str, list[str]]:
+    """part -> the code lines (comments stripped, at least 16 characters) of its solution block."""
+    from attention_course.grading.notebook_format import BEGIN_SOLUTION, BUGGY, END_SOLUTION, cell_part
+
+    found: dict[str, list[str]] = {}
+    for cell in nbformat.read(path, as_version=4).cells:
+        if TAG_GRADED not in cell_tags(cell):
+            continue
+        inside, lines = False, []
+        for line in cell.source.splitlines():
+            if line.strip() == BEGIN_SOLUTION:
+                inside = True
+            elif line.strip() in (END_SOLUTION, BUGGY):
+                inside = False
+            elif inside and len("".join(line.split("#")[0].split())) >= 16:
+                lines.append(line.split("#")[0].strip())
+        found.setdefault(cell_part(cell), []).extend(lines)
+    return found
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split()).replace("'", '"')
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_hints_come_in_two_tiers_without_solution_code(path):
+    ex = get_exercise(notebook_exercise(nbformat.read(path, as_version=4)))
+    for part_name, lines in _solution_lines(path).items():
+        hints = ex.part(part_name).hints
+        assert len(hints) == 2 and all(len(hint) > 40 for hint in hints), part_name
+        for hint in hints:
+            for line in lines:
+                assert _squash(line) not in _squash(hint), f"{ex.id}.{part_name}'s hint contains `{line}`"
+
+
+def test_hint_levels_and_unknown_levels():
+    checker = Checker(get_exercise("ex04"), seed=0)
+    part = get_exercise("ex04").part("attention_matrix_form")
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        checker.hint("attention_matrix_form")
+        checker.hint("attention_matrix_form", 2)
+        checker.hint("attention_matrix_form", 3)
+    text = buffer.getvalue()
+    assert "Hint (concept): " in text and "Hint 2 (approach): " in text
+    assert " ".join(part.hints[0].split()[:6]) in " ".join(text.split())
+    assert 'More: check.hint("attention_matrix_form", 2)' in text
+    assert text.splitlines()[-1].strip().startswith("attention_matrix_form has hint levels 1 to 2")
+
+
+def test_an_input_changed_in_place_fails_the_case_and_is_named():
+    checker = Checker(get_exercise("ex04"), seed=0, isolated=False)
+
+    def attend_one_query(q, K, V):
+        q /= math.sqrt(q.shape[-1])  # in place: the caller's q changes
+        weights = torch.softmax(K @ q, dim=-1)
+        return weights @ V, weights
+
+    text = run_check(checker, "attend_one_query", attend_one_query)
+    assert "your function changed its input `q` in place" in text
+    assert not checker.passed("attend_one_query")
+
+    def masked(scores, mask):
+        mask.logical_not_()
+        return torch.softmax(scores.masked_fill(mask, -1e9), dim=-1)
+
+    text = run_check(Checker(get_exercise("ex05"), seed=0, isolated=False), "masked_softmax", masked)
+    assert "changed its input `mask` in place" in text

@@ -1,8 +1,12 @@
 """Grade exercise notebooks: ``python -m attention_course.grading PATH... [--json OUT] [--csv OUT]``.
 
 Each PATH is a notebook or a folder (searched recursively for *.ipynb, skipping checkpoints). Prints a
-score table; ``--json`` and ``--csv`` also write the results to files. Exit status 0 once grading is
-complete, whatever the scores; 1 when there was nothing to grade; 2 for bad arguments.
+score table; ``--json`` and ``--csv`` also write the results to files. ``--roster`` names the learners
+(CSV: ``file`` or ``email``, ``learner_id``, ``name``), ``--summary DIR`` writes a class summary with a
+histogram, ``--feedback DIR`` one feedback file per learner. Parts earn marks per case passed unless
+``--all-or-nothing``. Exit status 0 once grading is complete, whatever the scores; 1 when there was
+nothing to grade; 2 for bad arguments (an unreadable roster included); 3 when learners' code
+cannot be isolated (bubblewrap missing: see ``make grader-deps``, or ``--no-sandbox``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,16 @@ from pathlib import Path
 import torch
 
 from attention_course.grading.exercises import exercise_ids
-from attention_course.grading.grader import find_notebooks, grade_paths
-from attention_course.grading.report import format_table, to_csv, to_json, write
+from attention_course.grading.grader import UNISOLATED, SandboxUnavailable, find_notebooks, grade_paths
+from attention_course.grading.report import (
+    class_summary,
+    feedback_files,
+    format_table,
+    load_roster,
+    to_csv,
+    to_json,
+    write,
+)
 from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT
 
 
@@ -31,24 +43,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exercise", choices=exercise_ids(), help="grade every notebook as this exercise")
     parser.add_argument("--output-limit", type=int, default=DEFAULT_OUTPUT_LIMIT, metavar="BYTES",
                         help=f"output the learner's code may print per process (default {DEFAULT_OUTPUT_LIMIT:,})")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run learners' code WITHOUT operating-system isolation (bubblewrap), with your own "
+                             "rights: only for your own notebooks, never for a class (warned on every run)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print only the summary table")
+    parser.add_argument("--all-or-nothing", action="store_true",
+                        help="a part earns its points only if every case passes (default: per case passed)")
+    parser.add_argument("--roster", type=Path, metavar="CSV",
+                        help="learners: columns file or email, learner_id, name; adds them to the table and CSV")
+    parser.add_argument("--summary", type=Path, metavar="DIR",
+                        help="write DIR/summary.md (pass rate, median marks per part) and DIR/scores.png")
+    parser.add_argument("--feedback", type=Path, metavar="DIR", help="write one feedback file per learner to DIR")
+    parser.add_argument("--feedback-format", choices=["md", "html"], default="md",
+                        help="feedback files as Markdown (default) or HTML")
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.jobs < 1 or args.output_limit < 0:
         parser.error("--timeout must be > 0, --jobs >= 1 and --output-limit >= 0")
+    roster = None
+    if args.roster is not None:
+        try:
+            roster = load_roster(args.roster)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            parser.error(f"--roster: {exc}")
 
     if not find_notebooks(args.paths):
         print(f"nothing to grade: no notebooks under {[str(p) for p in args.paths]}", file=sys.stderr)
         return 1
     torch.set_num_threads(1)  # references are small; leave the cores to the learners' processes
-    results = grade_paths(args.paths, timeout=args.timeout, jobs=args.jobs, seed=args.seed,
-                          exercise_id=args.exercise, output_limit=args.output_limit)
-    print(format_table(results, details=not args.quiet))
+    if args.no_sandbox:
+        print(f"WARNING: {UNISOLATED}: learners' code can read and change your files, the other submissions "
+              "and the grades, and reach the network. Never use --no-sandbox for a real class.", file=sys.stderr)
+    try:
+        results = grade_paths(args.paths, timeout=args.timeout, jobs=args.jobs, seed=args.seed,
+                              exercise_id=args.exercise, output_limit=args.output_limit,
+                              all_or_nothing=args.all_or_nothing,
+                              isolation="none" if args.no_sandbox else "required")
+    except SandboxUnavailable as exc:
+        print(f"refusing to grade: {exc}", file=sys.stderr)
+        return 3
+    print(format_table(results, details=not args.quiet, roster=roster))
     if args.json:
-        write(args.json, to_json(results))
+        write(args.json, to_json(results, roster))
     if args.csv:
-        write(args.csv, to_csv(results))
-    total = sum(r.score for r in results)
-    print(f"\ngraded {len(results)} notebook(s); total {total}/{sum(r.max_score for r in results)} points")
+        write(args.csv, to_csv(results, roster))
+    if args.summary:
+        write(args.summary / "summary.md", class_summary(results, figure=args.summary / "scores.png"))
+    if args.feedback:
+        feedback_files(results, args.feedback, roster, args.feedback_format)
+    total = round(sum(r.score for r in results), 2)
+    print(f"\ngraded {len(results)} notebook(s); total {total:g}/{sum(r.max_score for r in results)} points")
     return 0
 
 

@@ -18,6 +18,7 @@ A check never raises because of the learner's code (a ``NotImplementedError`` re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import linecache
@@ -31,6 +32,7 @@ from attention_course.grading.evaluate import assemble, check_cell_ok, dependenc
 from attention_course.grading.exercises import get_exercise
 from attention_course.grading.feedback import format_hint, format_overview, format_part, format_progress
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
+from attention_course.grading.library_rules import exercise_allowed, library_aliases, library_problem
 from attention_course.grading.spec import Exercise, Part
 from attention_course.grading.wire import describe, outcome_of_call
 
@@ -174,7 +176,7 @@ class Checker:
                            "cannot run it the way the grader does; in a notebook it can.)")
             cases = part.make_cases(torch.Generator().manual_seed(seed))
             outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
-            return judge_part(part, cases, outcomes)
+            return dataclasses.replace(judge_part(part, cases, outcomes), all_or_nothing=part.all_or_nothing)
         return self._judge_isolated(part, obj, seed, notes)
 
     def _graded_sources(self, part: Part, obj: Any, notes: list[str]) -> dict[str, str]:
@@ -226,16 +228,20 @@ class Checker:
         cases = {name: cases[name] for name in wanted if name in sources}
         to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
         limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
-        kwargs: dict[str, Any] = {}
-        if "isolation" in inspect.signature(sandbox.run_parts).parameters:
-            kwargs["isolation"] = "auto"
-        result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, **kwargs)
+        result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, isolation="auto",
+                                   allowed=exercise_allowed(exercise.id))
         isolated_by_os = getattr(result, "isolated", None)
         if isolated_by_os is False:
             self._say_once(notes, "unisolated",
                            "(This platform has no bubblewrap sandbox, so your cells run in a fresh process "
                            "without operating-system isolation; the grader runs them the same way, isolated.)")
         verdicts = {v.part: v for v in assemble(exercise, sources, cases, result, check_cells)}
+        # The course-library rule, as the grader applies it (library_rules): a cell using a name its part may
+        # not use earns nothing.
+        aliases = library_aliases([exercise.preamble, *(source for _, _, source in ordered)])
+        problem = library_problem(sources[part.name], exercise.id, part.name, aliases)
+        if problem:
+            return failed_part(part, f"no marks: {problem}")
         return verdicts[part.name]
 
     def _say_once(self, notes: list[str], key: str, text: str) -> None:

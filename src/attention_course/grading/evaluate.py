@@ -133,14 +133,15 @@ def check_cell_ok(source: Any, part: str, function: str) -> bool:
     return call.fullmatch(_code_only(source)) is not None
 
 
-def exercise_mismatch(chosen: str, metadata_id: str | None, forced: bool) -> str | None:
-    """A sentence when the notebook's metadata names another exercise than the one it is graded as."""
-    if metadata_id is None or metadata_id == chosen:
-        return None
-    if forced:
+def exercise_mismatch(chosen: str, metadata_id: str | None, forced: bool, guessed: str | None = None) -> str | None:
+    """A sentence when the notebook's metadata names another exercise than the one it is graded as (refused
+    with ``--exercise``), or than the one its file name suggests (``guessed``; graded by the metadata)."""
+    if metadata_id is not None and metadata_id != chosen and forced:
         return (f"this notebook is exercise {metadata_id} (its metadata says so), not {chosen}: it was not graded; "
                 f"grade it without --exercise, or with --exercise {metadata_id}")
-    return f"warning: graded as {chosen}, but the notebook's metadata names {metadata_id}"
+    if metadata_id is not None and guessed is not None and guessed != metadata_id:
+        return f"warning: the file name suggests {guessed}, but the notebook's metadata names {metadata_id}"
+    return None
 
 
 # --- verdicts ---------------------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def assemble(
             # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
             verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
                                         f"`check.{part.name}({part.function})` to earn this part's marks")
-        verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing)
+        verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing or part.all_or_nothing)
     # Cause attribution: a part that calls an earlier part's function which fails says so first.
     index = {part.name: number for number, part in enumerate(exercise.parts, start=1)}
     for name, earlier in dependencies(exercise, cells).items():

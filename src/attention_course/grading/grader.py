@@ -250,7 +250,8 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
         return dataclasses.replace(
             _fail(path, f"cannot tell which exercise this is (found {clean_text(chosen, 40)!r}; known: "
                         f"{exercise_ids()}); pass --exercise"), sha256=sha256, isolated=isolated)
-    mismatch = exercise_mismatch(chosen, notebook_exercise(nb), forced=exercise_id is not None)
+    mismatch = exercise_mismatch(chosen, notebook_exercise(nb), forced=exercise_id is not None,
+                                 guessed=_guess_exercise(path) or _guess_exercise(path.parent))
     if mismatch and exercise_id is not None:
         return dataclasses.replace(_fail(path, mismatch, get_exercise(chosen), seed), sha256=sha256, isolated=isolated)
     exercise = get_exercise(chosen)

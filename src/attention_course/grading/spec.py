@@ -20,6 +20,7 @@ exactly the verdicts the instructor's grader will give.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "randn", "INPUTS_CHANGED"]
+__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "preamble", "randn", "with_concepts",
+           "INPUTS_CHANGED"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -107,6 +109,18 @@ def inputs_changed_message(names: Sequence[str]) -> str:
             f"(`x = x / ...`) or work on `x.clone()`")
 
 
+def preamble(nn: bool = False, library: bool = False) -> str:
+    """The shared imports of graded cells (an exercise's ``PREAMBLE``): ``math``, ``torch`` and
+    ``torch.nn.functional as F``; with ``nn``, ``from torch import nn``; with ``library``, the course package as
+    ``ac`` (which names a part may use is :mod:`attention_course.grading.library_rules`' business)."""
+    text = "import math\n\nimport torch\nimport torch.nn.functional as F\n"
+    if nn or library:
+        text += "from torch import nn\n"
+    if library:
+        text += "\nimport attention_course as ac\n"
+    return text
+
+
 def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A case input: standard normal numbers of ``shape`` drawn from ``g``, times ``scale``."""
     return torch.randn(*shape, generator=g, dtype=dtype) * scale
@@ -138,6 +152,8 @@ class Part:
             Whatever ``run`` does, an input the learner's code changed in place (through the copies from
             :meth:`Case.fresh_args`) fails the case with a message naming the argument.
         time_limit: seconds the part's cases may take in the notebook check (default: the checker's).
+        all_or_nothing: the part's points only when every case passes, whatever the instructor chose (a bug
+            hunt's starting code already passes some cases: only the fix earns marks).
     """
 
     name: str
@@ -149,6 +165,7 @@ class Part:
     verify: Callable[[Case, Any], str | None] | None = None
     run: Callable[[Any, Case], Any] = call_function
     time_limit: float | None = None
+    all_or_nothing: bool = False
 
     def __post_init__(self) -> None:
         if not self.function:
@@ -209,30 +226,33 @@ class _CheckedVerify:
 class Mistake:
     """A known wrong answer and what to tell the learner who gave it.
 
-    ``variant(case)`` computes the wrong output from the case's inputs (in float64, in the checking
-    process); when the learner's output matches it, :func:`diagnose` returns ``message``. Use tables of
-    these instead of chains of ``if``: ``Mistake(lambda c: softmax(c.args[0], dim=0), "softmax over the
-    queries: use dim=-1")``.
+    ``variant(*inputs)`` computes the wrong output from the inputs :func:`diagnose` is given (often the case,
+    or a few tensors), in the checking process; it may return ``None`` (or raise) when the mistake cannot
+    be told apart on these inputs. ``message`` is the text, or ``message(*inputs)`` builds it. Use tables of
+    these instead of chains of ``if``::
+
+        MISTAKES = (Mistake(lambda s: torch.softmax(s, dim=-2), "your softmax runs over the queries"),)
+        diagnose(MISTAKES, output, scores)
     """
 
-    variant: Callable[[Case], Any]
-    message: str
+    variant: Callable[..., Any]
+    message: str | Callable[..., str]
 
 
-def diagnose(mistakes: Sequence[Mistake], case: Case, output: Any,
+def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
              matches: Callable[[Any, Any], bool] | None = None) -> str | None:
-    """The message of the first mistake whose variant ``output`` matches (``None`` when none does). A
-    variant that raises or returns ``None`` (not applicable to this case) is skipped."""
+    """The message of the first mistake whose variant ``output`` matches (``None`` when none does)."""
     from attention_course.grading.compare import matches as default_matches
 
     same = matches or default_matches
     for mistake in mistakes:
         try:
-            wrong = mistake.variant(case)
-            if wrong is not None and same(output, wrong):
-                return mistake.message
-        except Exception:  # a variant that does not apply to this case's inputs
+            wrong = mistake.variant(*inputs)
+            if wrong is None or not same(output, wrong):
+                continue
+        except Exception:  # a variant that does not apply to these inputs
             continue
+        return mistake.message(*inputs) if callable(mistake.message) else mistake.message
     return None
 
 
@@ -289,3 +309,18 @@ def call_expecting_error(obj: Any, case: Case) -> Any:
     except Exception as exc:  # what was raised is the answer here; verify gives the verdict
         return {"raised": type(exc).__name__, "message": str(exc)}
     return {"returned": returned}
+
+
+def with_concepts(exercise: Exercise, concepts: dict[str, str]) -> Exercise:
+    """``exercise`` with a first-tier (concept) hint put before each named part's existing hint, which
+    becomes the second tier (approach): ``check.hint(part)`` then ``check.hint(part, 2)``.
+
+    Raises:
+        ValueError: a name that is not a part of the exercise.
+    """
+    unknown = set(concepts) - {part.name for part in exercise.parts}
+    if unknown:
+        raise ValueError(f"{exercise.id} has no parts {sorted(unknown)}")
+    parts = tuple(dataclasses.replace(part, hint=(concepts[part.name], *part.hints)) if part.name in concepts
+                  else part for part in exercise.parts)
+    return dataclasses.replace(exercise, parts=parts)

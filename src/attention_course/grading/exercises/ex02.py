@@ -25,15 +25,11 @@ from attention_course.grading.compare import (
     rows_sum_problem,
     scalar_problem,
     tensor_problem,
+    tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -192,10 +188,9 @@ def _self_attention_reference(X: torch.Tensor, beta: float) -> tuple[torch.Tenso
 
 
 def _pair_problem(pair: Any, X: torch.Tensor) -> str | None:
-    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        return f"expected a tuple (output, weights), got {type(pair).__name__}"
     t = X.shape[-2]
     return first_problem(
+        lambda: tuple_problem(pair, "output", "weights"),
         lambda: tensor_problem(pair[0], "your output", X.shape),
         lambda: tensor_problem(pair[1], "your weights", (*X.shape[:-1], t)),
     )
@@ -349,3 +344,27 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'hard_attention_weights': (
+        'Hard attention gives all of its weight to one key: the best-scoring one in each row (the first one '
+        'when several tie), and none to the others.'
+    ),
+    'soft_attention_weights': (
+        'Softmax turns a row of scores into positive weights that sum to one; beta sharpens (large) or '
+        'flattens (small) them. Exponentials of large numbers overflow, but softmax does not change when the '
+        'same number is subtracted from a whole row.'
+    ),
+    'attention_pooling': (
+        'Attention pooling is a weighted average of the tokens: each row of weights mixes the rows of X.'
+    ),
+    'self_attention_no_projections': (
+        'Without projections, every token is its own query, key and value: compare all pairs of tokens, turn '
+        'each row of scores into weights, and pool the tokens with them. Reuse your earlier parts.'
+    ),
+    'equivariance_gap': (
+        'A function is permutation equivariant when reordering its input reorders its output the same way; '
+        'measure how far f is from that on one permutation.'
+    ),
+})

@@ -28,15 +28,11 @@ from attention_course.grading.compare import (
     row_name,
     rows_sum_problem,
     tensor_problem,
+    tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, randn
+from attention_course.grading.spec import Case, Exercise, Part, preamble, randn, with_concepts
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> torch.Tensor:
@@ -50,9 +46,8 @@ def _scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def _pair_problem(output: Any, out_shape: torch.Size, weights_shape: torch.Size) -> str | None:
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return f"expected a tuple (output, weights), got {type(output).__name__}"
     return first_problem(
+        lambda: tuple_problem(output, "output", "weights"),
         lambda: tensor_problem(output[0], "your output", out_shape),
         lambda: tensor_problem(output[1], "your weights", weights_shape),
     )
@@ -314,3 +309,23 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'hard_lookup': (
+        'A hard lookup is a dictionary with fuzzy keys: each query takes the value of the one key it matches '
+        'best.'
+    ),
+    'soft_lookup': (
+        'A soft lookup returns a blend of all values, weighted by how well each key matches the query (a '
+        'softmax of the scores).'
+    ),
+    'additive_scores': (
+        'Additive attention scores a (query, key) pair with a small network: project both into one space, '
+        'add, squash with tanh, and read out one number.'
+    ),
+    'limit_lookup': (
+        'As beta grows, the softmax concentrates on the best keys; in the limit, keys tied for the best score'
+        ' share the weight equally and the rest get none.'
+    ),
+})

@@ -30,16 +30,23 @@ from attention_course.grading.compare import (
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
+    tuple_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function, randn
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_expecting_error,
+    call_function,
+    diagnose,
+    preamble,
+    randn,
+    with_concepts,
+)
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -60,36 +67,30 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return torch.matmul(weights, v), weights
 
 
-def _pair_problem(output: Any, first: str, second: str) -> str | None:
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        kind = f"a {type(output).__name__} of {len(output)} items" if isinstance(output, (tuple, list)) else \
-            type(output).__name__
-        return f"expected a tuple ({first}, {second}), got {kind}"
-    return None
-
-
 # This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
 _matches = functools.partial(close_f64, atol=1e-5, rtol=1e-4)
 
 
-def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
-    """Recognise the usual wrong weights: no 1/√d_k, a division by d_k, or the softmax over the queries.
+_WEIGHT_MISTAKES = (
+    Mistake(lambda scores, d_k: torch.softmax(scores, dim=-1),
+            lambda scores, d_k: f"your weights are softmax(q·k) without the factor 1/sqrt(d_k) (here d_k = {d_k})"),
+    Mistake(lambda scores, d_k: torch.softmax(scores / d_k, dim=-1),
+            lambda scores, d_k: f"your weights divide the scores by d_k = {d_k}; divide by sqrt(d_k) instead"),
+    Mistake(lambda scores, d_k: torch.softmax(scores / math.sqrt(d_k), dim=-2)
+            if scores.dim() >= 2 and scores.shape[-1] == scores.shape[-2] > 1 else None,
+            "your softmax runs over the queries (dim=-2); each query's weights over the keys must sum to one "
+            "(dim=-1)"),
+)
 
-    Silent when the weights are right (some cases cannot tell the mistakes apart, e.g. a single key).
-    """
-    scores = torch.matmul(f64(q), f64(k).transpose(-2, -1))
-    if _matches(weights, torch.softmax(scores / math.sqrt(q.shape[-1]), dim=-1)):
+
+def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """Recognise the usual wrong weights (:data:`_WEIGHT_MISTAKES`): no 1/√d_k, a division by d_k, or the
+    softmax over the queries. Silent when the weights are right (some cases cannot tell the mistakes apart,
+    e.g. a single key)."""
+    scores, d_k = torch.matmul(f64(q), f64(k).transpose(-2, -1)), q.shape[-1]
+    if _matches(weights, torch.softmax(scores / math.sqrt(d_k), dim=-1)):
         return None
-    d_k = q.shape[-1]
-    if _matches(weights, torch.softmax(scores, dim=-1)):
-        return f"your weights are softmax(q·k) without the factor 1/sqrt(d_k) (here d_k = {d_k})"
-    if _matches(weights, torch.softmax(scores / d_k, dim=-1)):
-        return f"your weights divide the scores by d_k = {d_k}; divide by sqrt(d_k) instead"
-    if scores.dim() >= 2 and scores.shape[-1] == scores.shape[-2] and scores.shape[-1] > 1 and _matches(
-            weights, torch.softmax(scores / math.sqrt(d_k), dim=-2)):
-        return "your softmax runs over the queries (dim=-2); each query's weights over the keys must sum to one " \
-               "(dim=-1)"
-    return None
+    return diagnose(_WEIGHT_MISTAKES, weights, scores, d_k, matches=_matches)
 
 
 # --- part 1: the three projections ---------------------------------------------------------------------
@@ -195,7 +196,7 @@ def _verify_one_query(case: Case, output: Any) -> str | None:
     q, K, V = case.args
     expected_out, expected_w = _reference_attention(q.unsqueeze(0), K, V)
     expected_out, expected_w = expected_out[0], expected_w[0]
-    problem = _pair_problem(output, "output", "weights")
+    problem = tuple_problem(output, "output", "weights")
     if problem:
         return problem
     out, w = output
@@ -240,7 +241,7 @@ def _verify_matrix(case: Case, output: Any) -> str | None:
     Q, K, V = case.args
     expected_out, expected_w = _reference_attention(Q, K, V)
     torch_out = F.scaled_dot_product_attention(f64(Q), f64(K), f64(V))
-    problem = _pair_problem(output, "output", "weights")
+    problem = tuple_problem(output, "output", "weights")
     if problem:
         return problem
     out, w = output
@@ -308,7 +309,7 @@ def _verify_cross(case: Case, output: Any) -> str | None:
         output, permuted = output
     Q, K, V = (torch.matmul(f64(X), f64(W)) for X, W in ((X_q, W_Q), (X_kv, W_K), (X_kv, W_V)))
     expected_out, expected_w = _reference_attention(Q, K, V)
-    problem = _pair_problem(output, "output", "weights")
+    problem = tuple_problem(output, "output", "weights")
     if problem:
         return problem
     out, w = output
@@ -323,7 +324,7 @@ def _verify_cross(case: Case, output: Any) -> str | None:
     def permutation() -> str | None:
         if permuted is None:
             return None
-        problem = _pair_problem(permuted, "output", "weights") or tensor_problem(
+        problem = tuple_problem(permuted, "output", "weights") or tensor_problem(
             permuted[0], "your output", expected_out.shape)
         if problem:
             return problem
@@ -363,10 +364,10 @@ EXERCISE = Exercise(
             function="project_qkv",
             points=1,
             summary="Q = X W_Q, K = X W_K, V = X W_V, with a ValueError when the sizes do not fit",
-            hint="With one token per row, each projection is a matrix product on the right: X @ W_Q "
-                 "(torch.matmul handles leading batch dimensions). Before multiplying, compare W_Q.shape[1] with "
-                 "W_K.shape[1] and X.shape[-1] with the number of rows of each weight matrix, and raise "
-                 "ValueError(f'...{a}...{b}...') with both numbers in the message.",
+            hint=('With one token per row, each projection multiplies X on the right by its weight matrix (batch '
+                'dimensions come along for free). Before multiplying, compare the number of features of X with '
+                'the number of rows of each weight matrix, and the number of columns of W_Q with that of W_K; '
+                'raise a ValueError whose message contains both numbers.'),
             make_cases=_projection_cases,
             verify=_verify_projection,
             run=call_expecting_error,
@@ -376,8 +377,9 @@ EXERCISE = Exercise(
             function="split_fused_projection",
             points=1,
             summary="one product X @ W_qkv, split into Q, K (d_k columns each) and V (the rest)",
-            hint="Compute QKV = X @ W_qkv once, then QKV.split([d_k, d_k, d_v], dim=-1) with "
-                 "d_v = W_qkv.shape[-1] - 2 * d_k. chunk(3) only works when d_v happens to equal d_k.",
+            hint=('Do one matrix product with the fused weights, then cut the last dimension into three pieces of '
+                'widths d_k, d_k and whatever is left (that is d_v); a split into three equal chunks only works '
+                'when d_v happens to equal d_k.'),
             make_cases=_fused_cases,
             verify=_verify_fused,
         ),
@@ -397,9 +399,9 @@ EXERCISE = Exercise(
             function="attention_matrix_form",
             points=2,
             summary="softmax(Q Kᵀ / sqrt(d_k)) V for all queries at once, any leading batch dimensions",
-            hint="scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]) has shape (..., Lq, Lk): one row per "
-                 "query. Take the softmax over the keys (dim=-1), then weights @ V. Avoid K.T, which reverses all "
-                 "dimensions of a batched tensor.",
+            hint=('Multiply the queries by the transposed keys, swapping only the last two dimensions (a full '
+                'transpose reverses the batch dimensions too), and divide by the square root of d_k: one row per '
+                'query. Take the softmax along the keys, then multiply the weights by V.'),
             make_cases=_matrix_cases,
             verify=_verify_matrix,
         ),
@@ -417,3 +419,27 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'project_qkv': (
+        'Queries, keys and values are three learned linear views of the same tokens; queries and keys must '
+        'live in the same space so that they can be compared.'
+    ),
+    'split_fused_projection': (
+        'Three projections of the same input can be done as one wider matrix product whose columns are then '
+        'cut into the three parts.'
+    ),
+    'attend_one_query': (
+        'One query scores every key, the scores (scaled so that their size does not grow with d_k) become '
+        'weights, and the output is the weighted sum of the values.'
+    ),
+    'attention_matrix_form': (
+        'Stack all queries as rows and the per-query computation becomes matrix products: one score per '
+        '(query, key) pair, a softmax along the keys, and a product with the values.'
+    ),
+    'cross_attention': (
+        'In cross-attention the queries come from one sequence and the keys and values from another; the '
+        'output has one row per query.'
+    ),
+})

@@ -27,15 +27,11 @@ from attention_course.grading.compare import (
     fmt,
     row_name,
     tensor_problem,
+    tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torch.Tensor:
@@ -295,7 +291,7 @@ def _verify_causal(case: Case, output: Any) -> str | None:
     def leakage() -> str | None:
         if changed is None:
             return None
-        problem = _pair_problem(changed) or tensor_problem(changed[0], "your output", out.shape)
+        problem = tuple_problem(changed, "output", "weights") or tensor_problem(changed[0], "your output", out.shape)
         if problem:
             return problem
         gap = float((f64(changed[0])[..., :3, :] - f64(out)[..., :3, :]).abs().max())
@@ -319,12 +315,6 @@ def _verify_causal(case: Case, output: Any) -> str | None:
         lambda: close_problem(out, torch.matmul(expected_w, V), "your output", "causal attention weights @ V"),
         leakage,
     )
-
-
-def _pair_problem(output: Any) -> str | None:
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (output, weights)"
-    return None
 
 
 # --- part 5: causal self-attention over a padded batch -------------------------------------------------
@@ -455,9 +445,9 @@ EXERCISE = Exercise(
             function="scaled_dot_product_attention",
             points=2,
             summary="(softmax_masked(Q Kᵀ / sqrt(d_k)) V, weights), finite even for fully masked rows",
-            hint="scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]); weights = masked_softmax(scores, "
-                 "mask); output = weights @ V. With your part 2, a fully masked row has zero weights, so its "
-                 "output is zero and its gradients are finite.",
+            hint=('Call your part 1 for the scores and your part 2 for the weights (pass the mask through), then '
+                'multiply the weights by V. With your part 2, a fully masked row has zero weights, so its output '
+                'is zero and its gradients are finite.'),
             make_cases=_attention_cases,
             verify=_verify_attention,
             run=_run_attention,
@@ -488,3 +478,27 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'scaled_scores': (
+        'Dot products of random vectors grow with their length; dividing by the square root of d_k keeps the '
+        "scores' spread about one, so the softmax does not saturate."
+    ),
+    'masked_softmax': (
+        'A mask says which keys a query may use; blocked keys must end with weight zero, and a query with no '
+        'allowed key should get zeros rather than NaN.'
+    ),
+    'scaled_dot_product_attention': (
+        'Scaled dot-product attention is your scaled scores, your masked softmax and a weighted sum of the '
+        'values, in that order.'
+    ),
+    'causal_self_attention': (
+        'In a causal (decoder) self-attention, position i may look at itself and earlier positions only: the '
+        'allowed pairs form a lower triangle.'
+    ),
+    'causal_padded_self_attention': (
+        'Two rules at once: no looking ahead, and no attending to padding tokens; a key is allowed only when '
+        'both rules allow it.'
+    ),
+})

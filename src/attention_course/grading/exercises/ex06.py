@@ -32,18 +32,22 @@ from attention_course.grading.compare import (
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
+    tuple_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, call_function, randn
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Part,
+    call_expecting_error,
+    call_function,
+    preamble,
+    randn,
+    with_concepts,
+)
 from attention_course.multihead import MultiHeadAttention
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-"""
+PREAMBLE = preamble(nn=True)
 
 PARAM_NAMES = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
@@ -234,12 +238,6 @@ def _manual_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return merged @ p["W_o"] + p["b_o"] if project_output else merged
 
 
-def _pair_problem(output: Any) -> str | None:
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected your function to return a tuple (output, weights)"
-    return None
-
-
 def _verify_forward(case: Case, output: Any) -> str | None:
     query, key, value, params, h = case.args
     mask = case.kwargs["mask"]
@@ -251,7 +249,7 @@ def _verify_forward(case: Case, output: Any) -> str | None:
         if not isinstance(output, dict) or "result" not in output:
             return "your output could not be read"
         output, case_grad = output["result"], output.get("grad")
-    problem = _pair_problem(output)
+    problem = tuple_problem(output, "output", "weights")
     if problem:
         return problem
     out, weights = output
@@ -437,7 +435,7 @@ def _verify_torch(case: Case, output: Any) -> str | None:
                           need_weights=True, average_attn_weights=False)
 
     expected_out, expected_w = run(key_padding, attn_mask)
-    problem = _pair_problem(output)
+    problem = tuple_problem(output, "output", "weights")
     if problem:
         return problem
     out, weights = output
@@ -514,10 +512,11 @@ EXERCISE = Exercise(
             function="multi_head_attention",
             points=3,
             summary="project, split, scaled masked attention per head, merge, output projection",
-            hint="q = split_heads(query @ params['W_q'] + params['b_q'], num_heads) and the same for k and v; scores "
-                 "= q @ k.transpose(-2, -1) / math.sqrt(d_head) with d_head = d_model // num_heads; fill blocked "
-                 "scores (~mask) with torch.finfo(scores.dtype).min, softmax over the keys, then zero the rows that "
-                 "have no allowed key; merge_heads(weights @ v) @ params['W_o'] + params['b_o'].",
+            hint=('Project the query, key and value inputs with their weights and biases, split each into heads '
+                'with your part 1, and run scaled dot-product attention per head with the square root of d_head '
+                "(not d_model) in the scaling. Fill blocked scores with the dtype's most negative finite number, "
+                'take the softmax over the keys, and zero the rows with no allowed key. Merge the heads with your'
+                ' part 2 and apply the output projection.'),
             make_cases=_forward_cases,
             verify=_verify_forward,
             run=_run_forward,
@@ -550,3 +549,27 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'split_heads': (
+        "Multi-head attention cuts each token's features into h equal groups, one per head, and moves the "
+        'head axis in front of the length axis so that each head attends on its own.'
+    ),
+    'merge_heads': (
+        'Merging undoes splitting: put the head axis back next to the features and lay the heads side by side'
+        ' for each token.'
+    ),
+    'multi_head_attention': (
+        'Each head runs scaled dot-product attention on its own slice of the projected queries, keys and '
+        "values; the heads' outputs are merged and projected once more."
+    ),
+    'params_from_torch': (
+        'PyTorch stores the three input projections stacked in one matrix and uses the column convention '
+        '(out, in); the course uses rows (in, out).'
+    ),
+    'attention_like_torch': (
+        "PyTorch's masks say True = blocked while the course's say True = may attend; convert them, combine "
+        'the padding and attention masks, and reuse your functions.'
+    ),
+})

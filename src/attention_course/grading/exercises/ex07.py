@@ -31,15 +31,10 @@ from attention_course.grading.compare import (
     tensor_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error
+from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, preamble, with_concepts
 from attention_course.positional import sinusoidal_positional_encoding
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 # This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
@@ -379,12 +374,33 @@ EXERCISE = Exercise(
             function="embed_with_positions",
             points=2,
             summary="Dropout(E[tokens] * sqrt(d_model) + PE[:L]), identity dropout in evaluation mode",
-            hint="x = embedding_weight[tokens] * math.sqrt(d_model) has shape (B, L, d_model); add pe[:L] (it "
-                 "broadcasts over the batch); then F.dropout(x, p=dropout_p, training=training). Before that, raise "
-                 "ValueError if L > pe.shape[0], naming both numbers.",
+            hint=('Look up the embeddings of the tokens (index the weight matrix with the token ids), scale them by'
+                ' the square root of d_model, add the first L rows of the positional table (they broadcast over '
+                'the batch), then apply functional dropout with the given probability and training flag. Check '
+                'first that L fits the table, naming both numbers in the ValueError.'),
             make_cases=_embed_cases,
             verify=_verify_embed,
             run=call_expecting_error,
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'sinusoidal_encoding': (
+        'Each pair of features is a sine and a cosine of the position at its own frequency, from fast to slow'
+        ' along the features.'
+    ),
+    'offset_similarity': (
+        'The dot product of two sinusoidal encodings depends only on the distance between the positions, '
+        'through the cosine of each frequency times that distance.'
+    ),
+    'shift_by_rotation': (
+        'Moving a position by k rotates each (sine, cosine) pair by an angle that depends only on k and the '
+        "pair's frequency: a fixed 2x2 rotation per pair."
+    ),
+    'embed_with_positions': (
+        "The model's input is the token embeddings, scaled up by the square root of d_model, plus the "
+        'positional encodings of the first L positions, then dropout.'
+    ),
+})

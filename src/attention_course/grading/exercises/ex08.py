@@ -29,15 +29,9 @@ from attention_course.grading.compare import (
     fmt,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-"""
+PREAMBLE = preamble(nn=True)
 
 
 def _reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -387,9 +381,9 @@ EXERCISE = Exercise(
             function="dropout",
             points=2,
             summary="inverted dropout: zero each entry with probability p, scale survivors by 1/(1 - p)",
-            hint="In training, draw keep = torch.rand_like(x) >= p (True with probability 1 - p, one draw per "
-                 "element, a new draw on every call), and return x * keep / (1 - p). When training is False or "
-                 "p == 0, return x unchanged; when p == 1, return zeros (dividing by 1 - p = 0 would give NaN).",
+            hint=('In training, draw one uniform random number per element on every call and keep the elements '
+                'whose draw is at least p; multiply the kept ones by 1 / (1 - p). When not training or when p is '
+                '0, return x unchanged; when p is 1, return zeros (1 / (1 - p) would divide by zero).'),
             make_cases=_dropout_cases,
             verify=_verify_dropout,
             run=_run_dropout,
@@ -410,13 +404,33 @@ EXERCISE = Exercise(
             function="AddAndNorm",
             points=3,
             summary="a module with a learnable LayerNorm and dropout around any sub-layer, in either order",
-            hint="In __init__ (after super().__init__()): self.norm = nn.LayerNorm(d_model), "
-                 "self.dropout = nn.Dropout(dropout), self.norm_first = norm_first. In forward(x, sublayer): "
-                 "pre-norm returns x + self.dropout(sublayer(self.norm(x))); post-norm returns "
-                 "self.norm(x + self.dropout(sublayer(x))). The dropout goes on the sub-layer's output, never on x.",
+            hint=("Build a LayerNorm over d_model and a Dropout layer in __init__ (after calling the parent's "
+                "__init__) and remember the order. In forward, apply dropout to the sub-layer's output (never to "
+                "x): pre-norm adds that to x after normalising only the sub-layer's input; post-norm normalises "
+                'the sum.'),
             make_cases=_add_and_norm_cases,
             verify=_verify_add_and_norm,
             run=_run_add_and_norm,
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'layer_norm': (
+        "Layer normalisation standardises each token's features to mean zero and variance one (the biased "
+        'variance, with eps inside the root), then applies a learned gain and shift.'
+    ),
+    'dropout': (
+        'Inverted dropout zeroes each entry with probability p during training and scales the survivors so '
+        'that the expected value is unchanged; in evaluation it does nothing.'
+    ),
+    'residual_sublayer': (
+        "A residual connection adds a sub-layer's output to its input; post-norm normalises the sum, pre-norm"
+        ' normalises only what enters the sub-layer.'
+    ),
+    'add_and_norm': (
+        'Wrap the residual pattern in a module: its LayerNorm and dropout are built once in __init__ (so they'
+        ' are trained and switched by train/eval), and forward applies them around any sub-layer.'
+    ),
+})

@@ -25,18 +25,10 @@ from attention_course.grading.compare import (
     fmt_shape,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 from attention_course.layers import EncoderLayer
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import attention_course as ac
-"""
+PREAMBLE = preamble(library=True)
 
 
 def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
@@ -422,9 +414,10 @@ EXERCISE = Exercise(
             function="feed_forward",
             points=1,
             summary="relu(x @ W1 + b1) @ W2 + b2 at every position, with a ValueError when the widths disagree",
-            hint="With one token per row: hidden = torch.relu(x @ W1 + b1), then hidden @ W2 + b2. Before that, "
-                 "compare W1.shape[0] with x.shape[-1] and W2.shape[1] with x.shape[-1] (the output must have width "
-                 "d_model for the residual add) and raise ValueError(f'... {a} ... {b} ...') naming both numbers.",
+            hint=('Multiply by the first weights and add the first bias, apply ReLU, then multiply by the second '
+                "weights and add the second bias. Before that, check that the first matrix takes x's width and "
+                'the second gives it back (the residual add needs width d_model), raising a ValueError that names'
+                ' both numbers.'),
             make_cases=_ffn_cases,
             verify=_verify_ffn,
             run=_run_ffn,
@@ -446,12 +439,11 @@ EXERCISE = Exercise(
             function="MyEncoderLayer",
             points=3,
             summary="self-attention and FFN, each with dropout, residual and LayerNorm, post- or pre-norm",
-            hint="In __init__: self.self_attention = ac.MultiHeadAttention(d_model, num_heads, dropout=dropout), "
-                 "self.feed_forward = ac.PositionwiseFeedForward(d_model, d_ff, dropout=dropout), self.norm1 and "
-                 "self.norm2 = nn.LayerNorm(d_model), and two nn.Dropout(dropout). In forward, the attention "
-                 "sub-layer is a = self.self_attention(h, h, h, mask=mask)[0] (the [0] drops the weights). "
-                 "Post-norm: x = norm1(x + dropout1(a on x)), then x = norm2(x + dropout2(FFN(x))). Pre-norm: "
-                 "x = x + dropout1(a on norm1(x)), then x = x + dropout2(FFN(norm2(x))).",
+            hint=("Build the course's multi-head attention and position-wise feed-forward modules, two LayerNorms "
+                'and two Dropouts in __init__. In forward, self-attention takes the same tensor as query, key and'
+                ' value and returns (output, weights): keep the output. Post-norm normalises each residual sum; '
+                "pre-norm normalises what enters each sub-layer and adds the sub-layer's (dropped-out) output to "
+                'x.'),
             make_cases=_encoder_layer_cases,
             verify=_verify_encoder_layer,
             run=_run_encoder_layer,
@@ -461,13 +453,34 @@ EXERCISE = Exercise(
             function="PoolingClassifierHead",
             points=2,
             summary="pool the real tokens' states (mean or max), then one linear layer, built in __init__",
-            hint="Build self.linear = nn.Linear(d_model, num_classes) in __init__. In forward, m = keep[..., None]. "
-                 "Mean: (states * m).sum(1) / keep.sum(1, keepdim=True). Max: "
-                 "states.masked_fill(~m, float('-inf')).amax(1) (amax returns a tensor; torch.max(..., dim=1) "
-                 "returns a (values, indices) pair). Then return self.linear(pooled).",
+            hint=('Build the linear layer once, in __init__, so that it is trained. In forward, turn the keep mask '
+                'into a column that broadcasts over the features. Mean pooling sums the kept states and divides '
+                'by the number of kept tokens; max pooling fills the padding with minus infinity first and takes '
+                'the maximum over the length (the reduction that returns a tensor, not a (values, indices) pair).'
+                ' Then apply the linear layer.'),
             make_cases=_head_cases,
             verify=_verify_head,
             run=_run_head,
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'feed_forward': (
+        'The position-wise feed-forward network is the same two-layer MLP (widen, ReLU, narrow) applied to '
+        'every token separately.'
+    ),
+    'linear_to_conv1d': (
+        'A linear layer applied at every position is a 1-D convolution with kernel size 1; only the weight '
+        'layout differs.'
+    ),
+    'encoder_layer': (
+        'An encoder layer is two residual blocks: self-attention, then the feed-forward network, each with '
+        'dropout and LayerNorm, in post- or pre-norm order.'
+    ),
+    'classifier_head': (
+        'To classify a sequence, summarise its real (non-padding) tokens into one vector by pooling, then map'
+        ' it to class scores with one linear layer built in __init__.'
+    ),
+})

@@ -14,24 +14,19 @@ own messages.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attention_course.decoding import greedy_decode
-from attention_course.grading.compare import close_problem, finite_problem, first_problem, fmt, tensor_problem
-from attention_course.grading.spec import Case, Exercise, Part
+from attention_course.grading.compare import close_problem, finite_problem, first_problem, fmt, matches, tensor_problem
+from attention_course.grading.spec import Case, Exercise, Part, preamble, with_concepts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-"""
+PREAMBLE = preamble(library=True)
 
 
 def _seed_from(g: torch.Generator) -> int:
@@ -258,9 +253,8 @@ def _variant(sub: DecoderSublayers, y: Tensor, memory: Tensor, self_mask: Tensor
         return sub.norm3(y + sub.feed_forward(y))
 
 
-def _matches(output: Tensor, expected: Tensor) -> bool:
-    return tuple(output.shape) == tuple(expected.shape) and bool(
-        torch.allclose(output.to(torch.float64), expected, atol=1e-6, rtol=1e-5))
+# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
+_matches = functools.partial(matches, atol=1e-6, rtol=1e-5)
 
 
 def _verify_layer(case: Case, output: Any) -> str | None:
@@ -509,3 +503,23 @@ EXERCISE = Exercise(
 )
 
 __all__ = ["EXERCISE", "DecoderSublayers", "ScriptedTranslator"]
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'shift_target': (
+        'Teacher forcing: the decoder reads the target up to the last token and predicts it from the second '
+        'token on; input and labels are the same batch shifted by one.'
+    ),
+    'decoder_masks': (
+        'A decoder needs two masks: one that stops each position from seeing later positions, and one that '
+        "hides the source's padding from cross-attention."
+    ),
+    'decoder_layer_forward': (
+        'A decoder layer has three residual sub-layers: masked self-attention, cross-attention to the '
+        "encoder's memory, and the feed-forward network, in post- or pre-norm order."
+    ),
+    'greedy_decode': (
+        'Greedy decoding grows the output one token at a time, always taking the most likely next token, and '
+        'stops a sentence at its end token (or at the length limit).'
+    ),
+})

@@ -27,14 +27,9 @@ from attention_course.grading.compare import (
     first_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, randn
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 
-PREAMBLE = """\
-import math
-
-import torch
-import torch.nn.functional as F
-"""
+PREAMBLE = preamble()
 
 
 def _tuple_problem(output: Any, size: int, names: str) -> str | None:
@@ -359,10 +354,11 @@ EXERCISE = Exercise(
             function="online_softmax_update",
             points=2,
             summary="fold a block of scores into a running maximum m and running sum l = sum exp(s - m)",
-            hint="new_max = torch.maximum(running_max, scores.amax(dim=-1)). The old sum was relative to the old "
-                 "maximum: multiply it by exp(running_max - new_max), then add exp(scores - new_max[..., None]) "
-                 "summed over the block. Where new_max is -inf (nothing seen yet), subtract 0 instead, or "
-                 "exp(-inf - (-inf)) gives NaN.",
+            hint=("The new maximum is the larger of the running maximum and the block's own maximum. The old sum "
+                'was measured against the old maximum: rescale it by the exponential of the difference between '
+                "the old and the new maximum, then add the block's exponentials measured against the new maximum."
+                ' Where the new maximum is still minus infinity (nothing seen yet), subtract zero instead, or you'
+                ' get NaN.'),
             make_cases=_online_cases,
             verify=_verify_online,
         ),
@@ -392,3 +388,23 @@ EXERCISE = Exercise(
         ),
     ),
 )
+
+# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
+EXERCISE = with_concepts(EXERCISE, {
+    'cache_append': (
+        'A KV cache keeps the keys and values of the tokens seen so far; each decoding step adds the new ones'
+        ' at the end of the length axis.'
+    ),
+    'online_softmax_update': (
+        'A softmax can be computed block by block: keep a running maximum and a running sum of exponentials, '
+        'and rescale the old sum whenever the maximum grows.'
+    ),
+    'tiled_attention_step': (
+        'Folding in one block of keys and values updates the unnormalised output the same way as the running '
+        "sum: rescale the old part to the new maximum, add the block's part."
+    ),
+    'tiled_attention': (
+        'Tiled attention loops over blocks of queries and keys and keeps only running statistics, so the full'
+        ' score matrix never exists; divide by the running sum at the end.'
+    ),
+})

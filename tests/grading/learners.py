@@ -1,0 +1,233 @@
+"""Simulated learners: notebooks written the way a class writes them, built from the solution notebooks.
+
+Each :class:`Learner` starts from a solution notebook (as a learner would finish it: no solution-only
+cells) and applies edits: a part's solution block replaced by another answer (correct but unusual, or
+wrong), a cell inserted before a part's graded cell (a helper, an import), an edited check cell, another
+check-setup line. ``expect`` says, per part, what the grader must give: ``"full"``, ``"zero"``, or
+``"some"`` (less than full). Tests execute each notebook in a real kernel, grade it with the grader, and
+compare the two (:mod:`tests.grading.test_learners`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from attention_course.grading.notebook_format import (
+    BEGIN_SOLUTION,
+    END_SOLUTION,
+    TAG_CHECK,
+    TAG_GRADED,
+    TAG_SOLUTION_ONLY,
+    cell_part,
+    cell_tags,
+    notebook_exercise,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "exercises" / "solutions"
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class Learner:
+    """One simulated submission.
+
+    Attributes:
+        name: file stem of the notebook written.
+        notebook: stem of the solution notebook it starts from.
+        answers: part -> new body of its solution block (indented by 4 spaces where the code is written).
+        before: part -> source of a code cell inserted before the part's graded cell.
+        checks: part -> new source of the part's check cell.
+        expect: part -> "full", "zero" or "some" from the grader (parts not named: "full").
+        shown: texts that the notebook's outputs must contain (warnings, messages).
+        time_limit: the notebook check's time limit (seconds), set in the check-setup cell.
+    """
+
+    name: str
+    notebook: str
+    answers: dict[str, str] = field(default_factory=dict)
+    before: dict[str, str] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)
+    expect: dict[str, str] = field(default_factory=dict)
+    shown: tuple[str, ...] = ()
+    time_limit: float | None = None
+
+
+def _replace_block(source: str, body: str) -> str:
+    lines = source.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.strip() == BEGIN_SOLUTION)
+    end = next(i for i, line in enumerate(lines) if line.strip() == END_SOLUTION)
+    return "\n".join(lines[:start] + body.strip("\n").split("\n") + lines[end + 1:])
+
+
+def build(learner: Learner, folder: Path) -> Path:
+    """Write ``learner``'s notebook into ``folder`` and return its path."""
+    nb = nbformat.read(SOLUTIONS / f"{learner.notebook}.ipynb", as_version=4)
+    exercise_id = notebook_exercise(nb)
+    cells = []
+    for cell in nb.cells:
+        if TAG_SOLUTION_ONLY in cell_tags(cell):
+            continue
+        part = cell_part(cell)
+        if cell.cell_type == "code" and re.search(rf'check = exercise\("{exercise_id}"\)', cell.source):
+            extra = f", time_limit={learner.time_limit}" if learner.time_limit else ""
+            cell.source = cell.source.replace(f'exercise("{exercise_id}")',
+                                              f'exercise("{exercise_id}", seed={SEED}{extra})')
+        if TAG_GRADED in cell_tags(cell) and part in learner.before:
+            cells.append(nbformat.v4.new_code_cell(learner.before[part]))
+        if TAG_GRADED in cell_tags(cell) and part in learner.answers:
+            cell.source = _replace_block(cell.source, learner.answers[part])
+        if TAG_CHECK in cell_tags(cell) and part in learner.checks:
+            cell.source = learner.checks[part]
+        cells.append(cell)
+    nb.cells = cells
+    path = folder / f"{learner.name}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+EX02, EX03, EX04, EX05 = ("ex02_hard_and_soft_attention", "ex03_key_value_store", "ex04_queries_keys_values",
+                          "ex05_scaling_and_masking")
+EX06, EX07, EX08, EX09 = ("ex06_multi_head_attention", "ex07_positional_encoding",
+                          "ex08_layernorm_dropout_residuals", "ex09_the_encoder")
+EX10, EX11, BUG_HUNT = "ex10_decoder_and_transformer", "ex11_efficient_attention", "ex_bug_hunt"
+
+LEARNERS = [
+    # --- correct but unusual answers (full marks), one notebook per exercise; parity cases mixed in ------
+    Learner("ex02_loops_einsum_and_a_helper_cell", EX02, answers={
+        "soft_attention_weights": """\
+    rows = scores.double().reshape(-1, scores.shape[-1])
+    out = torch.empty_like(rows)
+    for r in range(rows.shape[0]):  # one row at a time, in float64
+        e = torch.exp(beta * rows[r] - (beta * rows[r]).max())
+        out[r] = e / e.sum()
+    return out.reshape(scores.shape).to(scores.dtype)""",
+        "attention_pooling": "    return torch.einsum('...mt,...td->...md', weights, X)",
+        "hard_attention_weights": "    return one_hot_of_first_max(scores)",
+    }, before={"hard_attention_weights": """\
+def one_hot_of_first_max(scores):
+    return F.one_hot(scores.argmax(dim=-1), num_classes=scores.shape[-1]).to(scores.dtype)"""},
+        expect={"hard_attention_weights": "zero"},
+        shown=("`one_hot_of_first_max`, defined in a cell the grader does not run",)),
+    Learner("ex03_einsum_and_an_import_cell", EX03, answers={
+        "soft_lookup": """\
+    weights = torch.softmax(beta * torch.einsum('...md,...nd->...mn', query, keys), dim=-1)
+    return torch.einsum('...mn,...nv->...mv', weights, values), weights""",
+        "hard_lookup": """\
+    best = np.asarray((query @ keys.transpose(-2, -1)).argmax(dim=-1))
+    return values[..., torch.as_tensor(best), :]""",
+    }, before={"hard_lookup": "import numpy as np"},
+        expect={"hard_lookup": "zero"}, shown=("`np`, defined in a cell the grader does not run",)),
+    Learner("ex04_float64_inplace_and_comments", EX04, answers={
+        "attention_matrix_form": """\
+    scores = (Q.double() @ K.double().transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ V.double()).to(Q.dtype), weights.to(Q.dtype)""",
+        "attend_one_query": """\
+    q /= math.sqrt(q.shape[-1])  # in place: changes the caller's tensor
+    weights = torch.softmax(K @ q, dim=-1)
+    return weights @ V, weights""",
+    }, checks={"split_fused_projection": "# my check, with a comment\ncheck.split_fused_projection(split_fused_projection)",
+               "project_qkv": "check.project_qkv(project_qkv)\nprint('done')"},
+        expect={"attend_one_query": "zero", "project_qkv": "zero"},
+        shown=("changed its input `q` in place", "its check cell was edited or deleted")),
+    Learner("ex04_wrong_softmax_axis", EX04, answers={
+        "attention_matrix_form": """\
+    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-2)
+    return weights @ V, weights""",
+    }, expect={"attention_matrix_form": "some", "cross_attention": "some"},
+        shown=("First: part 5 uses your attention_matrix_form from part 4, which fails; fix part 4 first.",)),
+    Learner("ex05_einsum_and_inplace_mask", EX05, answers={
+        "scaled_scores": "    return torch.einsum('...qd,...kd->...qk', Q, K) / Q.shape[-1] ** 0.5",
+        "masked_softmax": """\
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    has_key = mask.any(dim=-1, keepdim=True)
+    mask.logical_not_()  # now True = blocked, in place
+    weights = torch.softmax(scores.masked_fill(mask, torch.finfo(scores.dtype).min), dim=-1)
+    return weights.masked_fill(~has_key, 0.0)""",
+    }, expect={"masked_softmax": "some", "scaled_dot_product_attention": "some"},
+        shown=("changed its input `mask` in place",
+               "First: part 3 uses your masked_softmax from part 2, which fails; fix part 2 first.")),
+    Learner("ex06_loops", EX06, answers={
+        "merge_heads": "    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)",
+    }),
+    Learner("ex07_loops", EX07, answers={
+        "offset_similarity": """\
+    total = torch.zeros(offsets.shape, dtype=torch.float64)
+    for i in range(d_model // 2):
+        total = total + torch.cos(offsets.double() * 10000.0 ** (-2 * i / d_model))
+    return total""",
+    }),
+    Learner("ex08_float64_and_inplace_residual", EX08, answers={
+        "layer_norm": """\
+    x64 = x.double()
+    mean = x64.mean(dim=-1, keepdim=True)
+    var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (weight.double() * (x64 - mean) / torch.sqrt(var + eps) + bias.double()).to(x.dtype)""",
+        "residual_sublayer": """\
+    if norm_first:
+        return x.add_(sublayer(norm(x)))  # in place on the caller's x
+    return norm(x + sublayer(x))""",
+    }, expect={"residual_sublayer": "some"}, shown=("changed its input `x` in place",)),
+    Learner("ex09_functional", EX09, answers={
+        "feed_forward": """\
+    if W1.shape[0] != x.shape[-1] or W2.shape[-1] != x.shape[-1]:
+        raise ValueError(f"W1 has {W1.shape[0]} rows, W2 has {W2.shape[-1]} columns, x has {x.shape[-1]} features")
+    return F.linear(F.relu(F.linear(x, W1.T, b1)), W2.T, b2)""",
+    }),
+    Learner("ex10_library_mask_and_narrow", EX10, answers={
+        "shift_target": "    return tgt.narrow(1, 0, tgt.size(1) - 1), tgt.narrow(1, 1, tgt.size(1) - 1)",
+        "greedy_decode": """\
+    memory_mask = (src != pad_id)[:, None, None, :]
+    memory = model.encode(src, memory_mask)
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.size(0), dtype=torch.bool)
+    for _ in range(max_len):
+        causal = ac.causal_mask(tokens.size(1))  # allowed here: the course's mask helper
+        next_token = model.decode(tokens, memory, causal, memory_mask)[:, -1].argmax(dim=-1)
+        next_token = torch.where(finished, torch.full_like(next_token, pad_id), next_token)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished = finished | (next_token == eos_id)
+        if bool(finished.all()):
+            break
+    return tokens""",
+    }),
+    Learner("ex10_infinite_loop", EX10, answers={
+        "greedy_decode": """\
+    memory_mask = (src != pad_id)[:, None, None, :]
+    memory = model.encode(src, memory_mask)
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    done = torch.zeros(src.size(0), dtype=torch.bool)
+    while not done.all():  # never stops when a row never emits eos
+        causal = torch.ones(tokens.size(1), tokens.size(1), dtype=torch.bool).tril()
+        next_token = model.decode(tokens, memory, causal, memory_mask)[:, -1].argmax(dim=-1)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        done = done | (next_token == eos_id)
+    return tokens""",
+    }, expect={"greedy_decode": "zero"}, time_limit=3,
+        shown=("your function `greedy_decode` did not return within 3 s (an infinite loop?)",)),
+    Learner("ex11_preallocated", EX11, answers={
+        "cache_append": """\
+    if past_keys is None:
+        return new_keys, new_values
+    out = []
+    for past, new in ((past_keys, new_keys), (past_values, new_values)):
+        joined = past.new_empty(*past.shape[:-2], past.shape[-2] + new.shape[-2], past.shape[-1])
+        joined[..., :past.shape[-2], :] = past
+        joined[..., past.shape[-2]:, :] = new
+        out.append(joined)
+    return tuple(out)""",
+    }),
+    Learner("bug_hunt_float64", BUG_HUNT, answers={
+        "layer_norm": """\
+    x64 = x.double()
+    mean = x64.mean(dim=-1, keepdim=True)
+    var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
+    normalized = ((x64 - mean) / torch.sqrt(var + eps)).to(x.dtype)""",
+    }),
+]
