@@ -36,9 +36,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attention_course.grading.isolation import bwrap_path
+from attention_course.grading.isolation import Limits, bwrap_path
 from attention_course.grading.launcher import sandbox_uids
-from attention_course.grading.sandbox import STARTUP_TIMEOUT, notebook_budget
+from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT, STARTUP_TIMEOUT, notebook_budget
 from tests.grading.mutants import graded_cell
 
 pytestmark = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (make grader-deps) is not installed")
@@ -273,7 +273,7 @@ try:
     hoard = bytearray(3 * 1024**3)
     raise RuntimeError("LEAK: allocated 3 GB")
 except MemoryError:
-    pass
+    raise RuntimeError("BLOCKED: no 3 GB for me")
 """,
     "fork_bomb": """
 children = 0
@@ -287,6 +287,7 @@ for _ in range(10_000):
         break
 if children >= 1000:
     raise RuntimeError("LEAK: started " + str(children) + " processes")
+raise RuntimeError("BLOCKED after " + str(children) + " processes")
 """,
     "fills_the_disk": """
 written = 0
@@ -299,6 +300,7 @@ except OSError:
     pass
 if written >= 1 << 30:
     raise RuntimeError("LEAK: wrote 1 GB")
+raise RuntimeError("BLOCKED after " + str(written) + " bytes")
 """,
     "prints_20_megabytes": """
 print("y" * 20_000_000)
@@ -543,6 +545,13 @@ def test_resource_attacks_are_stopped_by_the_limits(attacked):
     assert "printed more than" in parts["prints_20_megabytes"]["hard_attention_weights"]["message"]
     for name in ("reannounces_its_step_forever", "floods_the_channel", "sends_deeply_nested_json", "forges_done"):
         assert "protocol" in parts[name]["hard_attention_weights"]["message"], (name, parts[name])
+    limited = {name: attacked.results[f"attack_{name}.ipynb"]["parts"][0]["message"]
+               for name in ("memory_bomb_3_gb", "fork_bomb", "fills_the_disk")}
+    assert "BLOCKED: no 3 GB" in limited["memory_bomb_3_gb"], limited
+    forks = int(limited["fork_bomb"].split("BLOCKED after ")[1].split()[0])
+    assert forks < Limits().processes, limited  # RLIMIT_NPROC binds (the worker is not root)
+    written = int(limited["fills_the_disk"].split("BLOCKED after ")[1].split()[0])
+    assert written <= DEFAULT_OUTPUT_LIMIT + 1, limited  # RLIMIT_FSIZE: the output limit plus one byte
     # Re-announcing cannot stretch the notebook: it is stopped at its first repeat, not after its loop.
     assert attacked.results["attack_reannounces_its_step_forever.ipynb"]["seconds"] < 3 * TIMEOUT + STARTUP_TIMEOUT
 
