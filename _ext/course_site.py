@@ -126,6 +126,23 @@ def externalize_images(app: Sphinx, pagename: str, templatename: str, context: d
     context["body"] = DATA_URI.sub(replace, body)
 
 
+# Accessibility of what MyST-NB and sphinxcontrib-bibtex write into the body:
+# - a toggle's aria-label ("Toggle hidden content") hides its visible text ("Show solution") from screen readers;
+# - a citation list's entries carry the deprecated role doc-biblioentry, which a role="list" may not contain.
+BODY_FIXES = (
+    ('<summary aria-label="Toggle hidden content">', "<summary>"),
+    ('role="doc-biblioentry"', 'role="listitem"'),
+)
+
+
+def accessible_body(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    body = context.get("body")
+    if body:
+        for old, new in BODY_FIXES:
+            body = body.replace(old, new)
+        context["body"] = body
+
+
 # --- kernel CPU time of each executed page -----------------------------------------------------------------------
 
 
@@ -222,6 +239,7 @@ def setup(app: Sphinx) -> dict:
     # After the book theme has made its buttons (priority 501).
     app.connect("html-page-context", learner_buttons, priority=600)
     app.connect("html-page-context", externalize_images, priority=600)
+    app.connect("html-page-context", accessible_body, priority=600)
     # course.js runs before searchtools.js (its Scorer ranks lessons first) and fixes the theme's accessibility.
     app.add_js_file("course.js", priority=100)
     app.add_css_file("course.css", priority=900)

@@ -4,10 +4,25 @@
 var Scorer = {
   score: function (result) {
     var docname = result[0], score = result[4];
-    if (/^chapters\/\d\d_/.test(docname)) return score + 10;
+    if (/^chapters\/\d\d/.test(docname)) return score + 100;  // above a glossary index entry (100)
     if (/^(exercises\/|chapters\/glossary)/.test(docname)) return score - 10;
     return score;
   },
   objNameMatch: 11, objPartialMatch: 6, objPrio: {0: 15, 1: 5, 2: -5}, objPrioDefault: 0,
   title: 15, partialTitle: 7, term: 5, partialTerm: 2,
 };
+
+// Accessibility fixes for the theme's own markup (pydata-sphinx-theme 0.15, sphinx-book-theme 1.1).
+document.addEventListener("DOMContentLoaded", function () {
+  // The search button's aria-label ("Search") hides its visible text ("Search... Ctrl+K"): let the text name it.
+  document.querySelectorAll(".search-button-field[aria-label]").forEach(function (button) {
+    button.removeAttribute("aria-label");
+  });
+  // The primary sidebar (logo and book contents) is a landmark of its own, so the logo is inside one.
+  document.querySelectorAll(".bd-sidebar-primary").forEach(function (sidebar) {
+    if (!sidebar.hasAttribute("role")) {
+      sidebar.setAttribute("role", "complementary");
+      sidebar.setAttribute("aria-label", "Book contents");
+    }
+  });
+});

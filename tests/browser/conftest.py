@@ -1,13 +1,17 @@
 """Serve the built book on 127.0.0.1 and drive it with Debian's Chromium through Playwright.
 
-The book loads MathJax, RequireJS and the Jupyter widget manager from CDNs. CI has no internet, so the test
-browser gets them from local npm copies (tests/browser/package.json) through Playwright request routing; any
-other request that leaves 127.0.0.1 is refused and recorded, so a page that depends on the network is caught.
+The book loads MathJax and RequireJS from CDNs. CI has no internet, so the test browser gets them from local npm
+copies (tests/browser/package.json) through Playwright request routing; any other request that leaves 127.0.0.1 is
+refused and recorded, so a page that depends on the network is caught. Every response's size is recorded too (the
+first-load budget), and axe-core (also from npm) is injected to check accessibility.
+
+Which site: the one ``COURSE_SITE`` names (see tests/book/site.py); a bare ``pytest`` skips these tests.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import http.server
 import re
 import shutil
@@ -18,11 +22,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.book.site import HTML, require_site
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-HTML = ROOT / "_build" / "html"
 NODE_MODULES = HERE / "node_modules"
-SCREENSHOTS = ROOT / "_build" / "screenshots"
+AXE = NODE_MODULES / "axe-core" / "axe.min.js"
+SCREENSHOTS = HTML.parent / "screenshots"
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_FLAGS = [
@@ -105,9 +111,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="session")
 def site_url():
-    if not (HTML / "index.html").exists():
-        pytest.fail("_build/html is missing: run `make book` first", pytrace=False)
-    if not (NODE_MODULES / "mathjax").exists():
+    require_site()
+    if not AXE.exists() or not (NODE_MODULES / "mathjax").exists():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE, check=True)
     handler = functools.partial(_QuietHandler, directory=str(HTML))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -136,14 +141,33 @@ class PageVisit:
         self.page_errors: list[str] = []
         self.refused: list[str] = []
         self.failed_responses: list[str] = []
+        self.bytes_by_url: dict[str, int] = {}
+
+    @property
+    def bytes_loaded(self) -> int:
+        """Bytes sent over the network for every response so far (documents, scripts, styles, fonts, images)."""
+        return sum(self.bytes_by_url.values())
+
+
+# Web servers and CDNs (GitHub Pages, jsDelivr) send text compressed; the test server does not, so the size a reader
+# downloads is estimated as the gzip size of text responses and the raw size of everything else (images, fonts).
+COMPRESSED_TYPES = re.compile(r"(text/|javascript|json|xml|svg)")
+
+
+def transfer_size(body: bytes, content_type: str) -> int:
+    if COMPRESSED_TYPES.search(content_type or ""):
+        return len(gzip.compress(body, compresslevel=6))
+    return len(body)
 
 
 @pytest.fixture
 def visit(browser, site_url):
     contexts = []
 
-    def open_page(path: str, width: int = 1280, height: int = 900) -> PageVisit:
-        context = browser.new_context(viewport={"width": width, "height": height})
+    def open_page(path: str, width: int = 1366, height: int = 900, dark: bool = False) -> PageVisit:
+        context = browser.new_context(viewport={"width": width, "height": height}, color_scheme="dark" if dark else "light")
+        if dark:  # the theme keeps the reader's choice in localStorage
+            context.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
         contexts.append(context)
         page = context.new_page()
         result = PageVisit(page)
@@ -176,8 +200,19 @@ def visit(browser, site_url):
             if response.status >= 400 and not KNOWN_MISSING.search(response.url):
                 result.failed_responses.append(f"{response.status} {response.url}")
 
+        def on_finished(request):
+            response = request.response()
+            if response is None:
+                return
+            try:
+                body = response.body()
+                result.bytes_by_url[request.url] = transfer_size(body, response.headers.get("content-type", ""))
+            except Exception:  # a redirect or a response the browser has already dropped has no body to read
+                pass
+
         page.on("console", on_console)
         page.on("response", on_response)
+        page.on("requestfinished", on_finished)
         page.on(
             "pageerror",
             lambda error: str(error) in KNOWN_PAGE_ERRORS or result.page_errors.append(str(error)),
@@ -189,3 +224,29 @@ def visit(browser, site_url):
     yield open_page
     for context in contexts:
         context.close()
+
+
+def run_axe(page) -> list[dict]:
+    """axe-core's serious and critical violations on the page: ``[{id, impact, help, targets}]``."""
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    return page.evaluate(
+        """async () => {
+            const results = await axe.run(document, {resultTypes: ['violations']});
+            return results.violations
+                .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                .map(v => ({id: v.id, impact: v.impact, help: v.help,
+                            targets: v.nodes.slice(0, 6).map(n => n.target.join(' ') + ' :: '
+                                + (n.failureSummary || '').split('\\n').slice(1, 2).join(''))}));
+        }"""
+    )
+
+
+def wait_for_maths(page, timeout: int = 30_000) -> None:
+    """Wait until MathJax has typeset every formula of the main content (if it has any)."""
+    if page.locator("main .math").count():
+        page.wait_for_function(
+            "() => document.querySelectorAll('main .math').length"
+            " === document.querySelectorAll('main .math mjx-container').length",
+            timeout=timeout,
+        )
