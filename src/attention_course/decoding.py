@@ -11,7 +11,8 @@ O(t²) work per sentence. Chapter 11 removes that cost with a key–value cache.
 
 Decoded sequences start with ``bos_id``. A sequence that has produced ``eos_id`` is finished: the positions
 after its eos hold ``pad_id`` (or ``eos_id`` again when no ``pad_id`` is given) and are ignored by
-:func:`sequence_log_probs`. Decoding stops when every sequence is finished or after ``max_len`` new tokens.
+:func:`sequence_log_probs`. Greedy decoding stops when every sequence is finished or after ``max_len`` new
+tokens; beam search when no live prefix can beat the best finished hypothesis, or after ``max_len``.
 
 Call ``model.eval()`` first: decoding in training mode would apply dropout.
 """
