@@ -167,8 +167,9 @@ class Transformer(nn.Module):
         generator: ``nn.Linear(d_model, tgt_vocab_size)``, decoder states -> logits.
 
     Token embeddings are multiplied by √d_model before positions are added. They are initialised with
-    standard deviation 1/√d_model, so the scaled embeddings have unit variance like the positional table,
-    and, when tied, the output projection starts with logits of a sensible size.
+    standard deviation 1/√d_model, so the scaled embeddings have unit variance, the same order as the
+    positional table (whose entries have mean square 1/2), and, when tied, the output projection starts
+    with logits of a sensible size.
 
     The pieces can be called one by one (as decoding does): ``memory = model.encode(src, src_mask)`` once,
     then ``model.decode(tgt, memory, tgt_mask, memory_mask)`` for each new prefix.

@@ -135,3 +135,14 @@ def test_pre_norm_model_has_final_norms_and_trains_a_step():
         optimizer.step()
         losses.append(loss.item())
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
+
+
+def test_scaled_embeddings_have_unit_variance_and_positions_mean_square_one_half():
+    """The docstring's claim: embeddings times √d_model have variance 1; sinusoids have mean square 1/2."""
+    torch.manual_seed(0)
+    d_model = 256
+    model = Transformer(2000, 2000, d_model=d_model, num_encoder_layers=1, num_decoder_layers=1)
+    scaled = model.src_embedding.weight * d_model**0.5
+    assert abs(scaled.var().item() - 1.0) < 0.02
+    table = sinusoidal_positional_encoding(512, d_model)
+    assert abs(table.pow(2).mean().item() - 0.5) < 0.01
