@@ -168,6 +168,7 @@ def beam_search(
     row_offset = torch.arange(batch, device=device)[:, None] * k  # (B, 1): first row of each sentence
     best_score = torch.full((batch,), float("-inf"), device=device)  # best finished, normalised
     best_tokens = torch.full((batch, max_len + 1), fill, dtype=torch.long, device=device)
+    best_tokens[:, 0] = bos_id
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     bound_lp = length_penalty_factor(float(max_len), length_penalty)
 
