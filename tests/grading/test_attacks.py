@@ -574,3 +574,70 @@ def test_without_bubblewrap_the_grader_refuses_and_names_no_sandbox(tmp_path):
                          text=True, env=env, timeout=300)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "bubblewrap" in run.stderr and "--no-sandbox" in run.stderr and "make grader-deps" in run.stderr
+
+
+def test_no_sandbox_runs_unisolated_and_says_so_everywhere(tmp_path):
+    nb = nbformat.read(SOLUTION, as_version=4)
+    nbformat.write(nb, tmp_path / "ex02.ipynb")
+    out = tmp_path / "grades.json"
+    run = subprocess.run([sys.executable, "-m", "attention_course.grading", str(tmp_path / "ex02.ipynb"), "--no-sandbox",
+                          "--json", str(out), "--timeout", "60"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "WARNING" in run.stderr and "--no-sandbox" in run.stderr
+    entry = json.loads(out.read_text())["notebooks"][0]
+    assert entry["score"] == 8 and entry["isolated"] is False
+    assert entry["message"].startswith("UNISOLATED (--no-sandbox)")
+    assert "UNISOLATED (--no-sandbox)" in run.stdout
+
+
+# --- the pieces, without a grader run -------------------------------------------------------------------
+def test_library_rule_reads_the_cell():
+    from attention_course.grading.library_rules import library_aliases, library_problem
+
+    def problem(source: str, exercise: str = "ex06", part: str = "multi_head_attention") -> str | None:
+        return library_problem(source, exercise, part, library_aliases(["import attention_course as ac", source]))
+
+    assert problem("def f(x):\n    return x @ x.T") is None
+    assert "itself" in problem("lib = ac")  # passing the module around is use
+    assert "ac.MultiHeadAttention" in problem("def f(x):\n    return ac.MultiHeadAttention(4, 2)(x, x, x)")
+    assert "MultiHeadAttention" in problem("from attention_course.multihead import MultiHeadAttention")
+    assert "grader's own code" in problem("import attention_course.grading.exercises.ex06 as e")
+    assert "itself" in problem("f = getattr(ac, 'Multi' + 'HeadAttention')")
+    assert "string" in problem("import importlib\nm = importlib.import_module('attention_course')")
+    assert problem("y = ac.causal_mask(4)", "ex10", "greedy_decode") is None
+    assert problem("y = ac.causal_mask(4)", "ex10", "decoder_masks") is not None
+    assert problem("layer = ac.MultiHeadAttention(8, 2)", "ex09", "encoder_layer") is None
+    assert problem("ffn = ac.PositionwiseFeedForward(8, 16)", "ex09", "feed_forward") is not None
+
+
+def test_channel_refuses_what_is_not_a_small_flat_header():
+    from attention_course.grading.channel import FrameReader, parse_header, send_frame
+
+    assert parse_header(b'{"step": "cell", "cell": 3, "part": "p"}') == {"step": "cell", "cell": 3, "part": "p"}
+    for bad in (b"[" * 100_000 + b"]" * 100_000, b'{"step": "cell", "cell": [1]}', b'{"step": 1}', b"\xff",
+                b'{"step": "cell", "extra": "x"}', b'{"step": "x", "message": "' + b"m" * 20_000 + b'"}'):
+        assert parse_header(bad) is None
+    read_end, write_end = os.pipe()
+    reader = FrameReader(read_end, max_frames=2, max_bytes=1_000, blob_limit=100)
+    send_frame(write_end, b"one")
+    send_frame(write_end, b"two")
+    send_frame(write_end, b"three")  # one too many
+    os.close(write_end)
+    reader.join(10)
+    assert reader.take(0) == [b"one", b"two"] and "more messages" in reader.violation
+
+
+def test_a_submission_is_read_once_as_a_regular_file(tmp_path):
+    from attention_course.grading.isolation import clean_text, read_submission
+
+    good = tmp_path / "good.ipynb"
+    good.write_bytes(b"{}")
+    snapshot = read_submission(good, 100)
+    assert snapshot.data == b"{}" and snapshot.sha256 == hashlib.sha256(b"{}").hexdigest()
+    (tmp_path / "link.ipynb").symlink_to(good)
+    os.mkfifo(tmp_path / "fifo.ipynb")
+    assert "symbolic link" in read_submission(tmp_path / "link.ipynb", 100)
+    assert "not a regular file" in read_submission(tmp_path / "fifo.ipynb", 100)  # and it did not block
+    assert "more than" in read_submission(good, 1)
+    assert clean_text("a\x1b[31mb\x1b[0m\r\nc\x07") == "ab c"
