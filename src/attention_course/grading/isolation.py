@@ -192,7 +192,7 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
         # No user namespace: the worker drops from root to its own uid (so RLIMIT_NPROC binds; root is exempt).
         command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        command += ["--unshare-user", "--disable-userns"]
+        command += ["--unshare-user"] + (["--disable-userns"] if _supports(path, "--disable-userns") else [])
     for system in _SYSTEM:
         if os.path.islink(system):
             command += ["--symlink", os.readlink(system), system]
@@ -205,15 +205,33 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
         command += ["--perms", "0755", "--dir", parent]
     for read_only in bound:
         command += ["--ro-bind", read_only, read_only]
-    command += ["--proc", "/proc", "--dev", "/dev",
-                "--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp",
-                "--chdir", "/tmp"]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    if _supports(path, "--size"):  # bubblewrap >= 0.8; older ones give an unbounded private /tmp
+        command += ["--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp"]
+    else:
+        command += ["--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
+    command += ["--chdir", "/tmp"]
     environment = worker_environment()
     if uid is not None:
         environment["ATTENTION_COURSE_SANDBOX_UID"] = str(uid)
     for key, value in environment.items():
         command += ["--setenv", key, value]
     return command + ["--", *argv]
+
+
+_help: dict[str, str] = {}
+
+
+def _supports(path: str, flag: str) -> bool:
+    """Whether this bubblewrap knows ``flag`` (its ``--help`` lists it)."""
+    if path not in _help:
+        import subprocess
+
+        try:
+            _help[path] = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            _help[path] = ""
+    return flag in _help[path]
 
 
 def worker_environment() -> dict[str, str]:
