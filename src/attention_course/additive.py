@@ -17,7 +17,7 @@ __all__ = ["AdditiveAttention"]
 
 
 class AdditiveAttention(nn.Module):
-    """Bahdanau attention: ``softmax_j(wᵀ tanh(W_q q_i + W_k k_j))`` weighting the values ``v_j``.
+    """Bahdanau attention: weights ``softmax_j(wᵀ tanh(q_i W_q + k_j W_k))`` on the values ``v_j``.
 
     Args:
         query_dim: size of each query (e.g. the decoder's hidden state).
@@ -46,8 +46,18 @@ class AdditiveAttention(nn.Module):
         self.w = nn.Linear(hidden_dim, 1, bias=False)
 
     def score(self, query: Tensor, key: Tensor) -> Tensor:
-        """Unnormalised scores ``(..., Lq, Lk)`` for ``query (..., Lq, query_dim)`` and ``key (..., Lk, key_dim)``."""
+        """Unnormalised scores ``(..., Lq, Lk)`` for ``query (..., Lq, query_dim)`` and ``key (..., Lk, key_dim)``.
+
+        Each score is bounded by the l1 norm of ``w``, since ``|tanh| <= 1``.
+        """
+        self._check_query_and_key(query, key)
         return self.score_projected_keys(query, self.w_k(key))
+
+    def _check_query_and_key(self, query: Tensor, key: Tensor) -> None:
+        if query.dim() < 2 or query.size(-1) != self.query_dim:
+            raise ValueError(f"query must have shape (..., Lq, query_dim={self.query_dim}), got {tuple(query.shape)}")
+        if key.dim() < 2 or key.size(-1) != self.key_dim:
+            raise ValueError(f"key must have shape (..., Lk, key_dim={self.key_dim}), got {tuple(key.shape)}")
 
     def score_projected_keys(self, query: Tensor, projected_keys: Tensor) -> Tensor:
         """Scores ``(..., Lq, Lk)`` from keys already projected, ``projected_keys = w_k(key)`` ``(..., Lk, hidden)``.
@@ -62,10 +72,7 @@ class AdditiveAttention(nn.Module):
         self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Return ``(context (..., Lq, d_v), weights (..., Lq, Lk))``."""
-        if query.dim() < 2 or query.size(-1) != self.query_dim:
-            raise ValueError(f"query must have shape (..., Lq, query_dim={self.query_dim}), got {tuple(query.shape)}")
-        if key.dim() < 2 or key.size(-1) != self.key_dim:
-            raise ValueError(f"key must have shape (..., Lk, key_dim={self.key_dim}), got {tuple(key.shape)}")
+        self._check_query_and_key(query, key)
         if value.dim() < 2 or value.size(-2) != key.size(-2):
             raise ValueError(
                 f"value must have shape (..., Lk, d_v) with the key's length, got key {tuple(key.shape)} and "

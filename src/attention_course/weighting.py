@@ -3,7 +3,8 @@
 Chapter 2 builds these step by step. An attention output is a weighted combination of value vectors,
 ``h = a @ X``, and the weights ``a`` must lie on the probability simplex: every entry non-negative, the
 entries summing to one. Hard attention picks one item; soft attention spreads the weight, and turns into
-hard attention as the inverse temperature ``beta`` grows.
+hard attention as the inverse temperature ``beta`` grows, provided the largest score is unique (with a tie
+it tends to equal weights on the tied maxima).
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def hard_attention_weights(scores: Tensor, dim: int = -1) -> Tensor:
 def soft_attention_weights(scores: Tensor, beta: float = 1.0, dim: int = -1) -> Tensor:
     """Softmax of ``beta * scores`` along ``dim``: the soft(arg)max with inverse temperature ``beta``.
 
-    ``beta = 0`` gives uniform weights; as ``beta`` grows the weights approach
-    :func:`hard_attention_weights` (when the maximum is unique). Subtracting the maximum before
+    ``beta = 0`` gives uniform weights. As ``beta`` grows the weights approach
+    :func:`hard_attention_weights` when the maximum is unique; when ``m`` scores tie for the maximum they
+    approach ``1/m`` on each of them (the argmax picks only the first). Subtracting the maximum before
     exponentiating changes nothing mathematically and keeps ``exp`` from overflowing.
 
     Args:

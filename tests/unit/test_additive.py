@@ -1,5 +1,6 @@
 """Additive (Bahdanau) attention."""
 
+import pytest
 import torch
 
 from attention_course import AdditiveAttention
@@ -35,3 +36,19 @@ def test_mask_and_fully_masked_rows():
     torch.testing.assert_close(weights[0].sum(-1), torch.ones(3))
     context.sum().backward()
     assert torch.isfinite(v.grad).all() and torch.isfinite(attention.w.weight.grad).all()
+
+
+def test_score_is_bounded_by_the_l1_norm_of_w():
+    torch.manual_seed(0)
+    attention = AdditiveAttention(3, 2, 6)
+    scores = attention.score(100 * torch.randn(7, 3), 100 * torch.randn(5, 2))
+    assert scores.shape == (7, 5)
+    assert scores.abs().max() <= attention.w.weight.abs().sum() + 1e-6
+
+
+def test_score_names_wrong_sizes():
+    attention = AdditiveAttention(3, 2, 6)
+    with pytest.raises(ValueError, match=r"query must have shape \(\.\.\., Lq, query_dim=3\), got \(4, 2\)"):
+        attention.score(torch.randn(4, 2), torch.randn(5, 2))
+    with pytest.raises(ValueError, match=r"key must have shape \(\.\.\., Lk, key_dim=2\), got \(5,\)"):
+        attention.score(torch.randn(4, 3), torch.randn(5))

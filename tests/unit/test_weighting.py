@@ -77,3 +77,14 @@ def test_attention_pool_rejects_mismatched_sizes():
         ac.attention_pool(torch.randn(3, 4), torch.randn(2))
     with pytest.raises(ValueError, match="one item per row"):
         ac.attention_pool(torch.randn(3), torch.randn(3))
+
+
+def test_soft_weights_with_tied_maxima_approach_uniform_over_the_ties_not_the_argmax():
+    scores = torch.tensor([4.0, 1.0, 4.0, 3.9], dtype=torch.float64)
+    limit = torch.tensor([0.5, 0.0, 0.5, 0.0], dtype=torch.float64)
+    gaps = [(ac.soft_attention_weights(scores, beta) - limit).abs().max() for beta in (1.0, 30.0, 300.0)]
+    assert gaps[0] > gaps[1] > gaps[2] and gaps[2] < 1e-12
+    # the one-hot argmax keeps the first maximum, so soft stays 0.5 away from it in the tied slots
+    hard = ac.hard_attention_weights(scores)
+    torch.testing.assert_close(hard, torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64))
+    assert (ac.soft_attention_weights(scores, 300.0) - hard).abs().max() > 0.49
