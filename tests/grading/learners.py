@@ -156,13 +156,17 @@ def one_hot_of_first_max(scores):
     Learner("ex06_loops", EX06, answers={
         "merge_heads": "    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)",
     }),
-    Learner("ex07_loops", EX07, answers={
+    Learner("ex07_loops_and_a_forbidden_library_call", EX07, answers={
+        "sinusoidal_encoding": """\
+    import attention_course as ac  # not allowed in this part: the library has the answer
+    table = ac.sinusoidal_positional_encoding(int(positions.max()) + 1, d_model)
+    return table[positions.long()]""",
         "offset_similarity": """\
     total = torch.zeros(offsets.shape, dtype=torch.float64)
     for i in range(d_model // 2):
         total = total + torch.cos(offsets.double() * 10000.0 ** (-2 * i / d_model))
     return total""",
-    }),
+    }, expect={"sinusoidal_encoding": "zero"}, shown=("no marks:",)),
     Learner("ex08_float64_and_inplace_residual", EX08, answers={
         "layer_norm": """\
     x64 = x.double()

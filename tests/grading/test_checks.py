@@ -229,6 +229,10 @@ def _solution_lines(path: Path) -> dict[str, list[str]]:
     return found
 
 
+# Exercises whose parts all have a concept and an approach hint (newer ones may start with one tier).
+TWO_TIERS = {"ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "bug_hunt"}
+
+
 def _squash(text: str) -> str:
     return "".join(text.split()).replace("'", '"')
 
@@ -238,7 +242,9 @@ def test_hints_come_in_two_tiers_without_solution_code(path):
     ex = get_exercise(notebook_exercise(nbformat.read(path, as_version=4)))
     for part_name, lines in _solution_lines(path).items():
         hints = ex.part(part_name).hints
-        assert len(hints) == 2 and all(len(hint) > 40 for hint in hints), part_name
+        assert hints and all(len(hint) > 40 for hint in hints), part_name
+        if ex.id in TWO_TIERS:
+            assert len(hints) == 2, f"{ex.id}.{part_name}: a concept hint and an approach hint"
         for hint in hints:
             for line in lines:
                 assert _squash(line) not in _squash(hint), f"{ex.id}.{part_name}'s hint contains `{line}`"

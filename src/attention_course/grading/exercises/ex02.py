@@ -289,7 +289,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="hard_attention_weights",
-            function="hard_attention_weights",
             points=1,
             summary="one-hot weights on the highest score of each row (argmax)",
             hint="torch.argmax(scores, dim=-1) gives the index of the highest score in each row (the first one "
@@ -300,7 +299,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="soft_attention_weights",
-            function="soft_attention_weights",
             points=2,
             summary="softmax(beta * scores) over the last dimension, stable for large scores",
             hint="exp(beta * s_j) / sum_k exp(beta * s_k) does not change when you subtract the same number from "
@@ -311,7 +309,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="attention_pooling",
-            function="attention_pooling",
             points=1,
             summary="h = a X for each row a of the weights: weights @ X",
             hint="With one token per row of X, the pooled vector for weights a is sum_i a_i x_i, which is the "
@@ -322,7 +319,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="self_attention_no_projections",
-            function="self_attention_no_projections",
             points=2,
             summary="scores X Xᵀ, weights softmax(beta * scores), output weights @ X",
             hint="The scores of all pairs are X @ X.transpose(-2, -1), shape (..., t, t): row i compares token i "
@@ -334,7 +330,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="equivariance_gap",
-            function="equivariance_gap",
             points=2,
             summary="the largest |f(X[perm]) - f(X)[perm]|: zero when f is permutation equivariant",
             hint="X[perm] reorders the rows (tokens) of X. Compute f(X[perm]) and f(X)[perm] (apply the same "

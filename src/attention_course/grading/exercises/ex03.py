@@ -262,7 +262,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="hard_lookup",
-            function="hard_lookup",
             points=1,
             summary="the value of the key with the highest dot-product score, for every query",
             hint="The scores of all queries against all keys are query @ keys.transpose(-2, -1), shape (..., m, n). "
@@ -274,7 +273,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="soft_lookup",
-            function="soft_lookup",
             points=2,
             summary="weights softmax(beta * query @ keysᵀ) over the keys, output weights @ values",
             hint="Score every query against every key with query @ keys.transpose(-2, -1), multiply by beta (and by "
@@ -285,7 +283,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="additive_scores",
-            function="additive_scores",
             points=2,
             summary="wᵀ tanh(q W_q + k W_k) for every (query, key) pair",
             hint="Project first: query @ W_q is (..., m, a) and keys @ W_k is (..., n, a). Add them for every pair by "
@@ -297,7 +294,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="limit_lookup",
-            function="limit_lookup",
             points=2,
             summary="the soft lookup as beta -> infinity: tied best keys share the weight equally",
             hint="As beta grows, softmax(beta * s) puts all its weight on the keys whose score equals the row maximum, "

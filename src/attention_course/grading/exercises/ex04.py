@@ -361,7 +361,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="project_qkv",
-            function="project_qkv",
             points=1,
             summary="Q = X W_Q, K = X W_K, V = X W_V, with a ValueError when the sizes do not fit",
             hint=('With one token per row, each projection multiplies X on the right by its weight matrix (batch '
@@ -374,7 +373,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="split_fused_projection",
-            function="split_fused_projection",
             points=1,
             summary="one product X @ W_qkv, split into Q, K (d_k columns each) and V (the rest)",
             hint=('Do one matrix product with the fused weights, then cut the last dimension into three pieces of '
@@ -385,7 +383,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="attend_one_query",
-            function="attend_one_query",
             points=2,
             summary="scores K q / sqrt(d_k), softmax over the keys, output sum_j a_j v_j",
             hint="The scores are one number per key: K @ q (shape (L,)), divided by math.sqrt(d_k) with "
@@ -396,7 +393,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="attention_matrix_form",
-            function="attention_matrix_form",
             points=2,
             summary="softmax(Q Kᵀ / sqrt(d_k)) V for all queries at once, any leading batch dimensions",
             hint=('Multiply the queries by the transposed keys, swapping only the last two dimensions (a full '
@@ -407,7 +403,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="cross_attention",
-            function="cross_attention",
             points=2,
             summary="queries from X_q, keys and values from X_kv; output (..., Lq, d_v), weights (..., Lq, Lk)",
             hint="Project the queries from X_q (X_q @ W_Q) and the keys and values from X_kv (X_kv @ W_K, "

@@ -421,7 +421,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="scaled_scores",
-            function="scaled_scores",
             points=1,
             summary="Q Kᵀ / sqrt(d_k): one row per query, one column per key, variance about 1",
             hint="Q @ K.transpose(-2, -1) has shape (..., Lq, Lk); divide it by math.sqrt(d_k) with "
@@ -431,7 +430,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="masked_softmax",
-            function="masked_softmax",
             points=2,
             summary="softmax over the allowed keys only; a row with no allowed key gets zeros, never NaN",
             hint="Fill the blocked scores (where the mask is False: scores.masked_fill(~mask, value)) with "
@@ -442,7 +440,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="scaled_dot_product_attention",
-            function="scaled_dot_product_attention",
             points=2,
             summary="(softmax_masked(Q Kᵀ / sqrt(d_k)) V, weights), finite even for fully masked rows",
             hint=('Call your part 1 for the scores and your part 2 for the weights (pass the mask through), then '
@@ -454,7 +451,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="causal_self_attention",
-            function="causal_self_attention",
             points=1,
             summary="self-attention in which query i sees only keys j <= i; returns (output, weights)",
             hint="Write a helper causal_mask(L) = torch.ones(L, L, dtype=torch.bool).tril() (True on and below "
@@ -466,7 +462,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="causal_padded_self_attention",
-            function="causal_padded_self_attention",
             points=2,
             summary="self-attention where query i sees keys j <= i that are not padding",
             hint="The padding mask is token_ids != pad_id, shape (B, L); as keys it must block columns, so give "

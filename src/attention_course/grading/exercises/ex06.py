@@ -486,7 +486,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="split_heads",
-            function="split_heads",
             points=1,
             summary="(B, L, d_model) -> (B, h, L, d_head), head i = features i*d_head..(i+1)*d_head-1",
             hint="x.view(B, L, num_heads, d_model // num_heads) relabels each token's features as (head, feature); "
@@ -498,7 +497,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="merge_heads",
-            function="merge_heads",
             points=1,
             summary="(B, h, L, d_head) -> (B, L, h*d_head): the heads concatenated per token",
             hint="Undo the split in reverse order: x.transpose(1, 2) gives (B, L, h, d_head); then .reshape(B, L, "
@@ -509,7 +507,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="multi_head_attention",
-            function="multi_head_attention",
             points=3,
             summary="project, split, scaled masked attention per head, merge, output projection",
             hint=('Project the query, key and value inputs with their weights and biases, split each into heads '
@@ -523,7 +520,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="params_from_torch",
-            function="params_from_torch",
             points=2,
             summary="read W_q, b_q, ..., W_o, b_o (row convention) out of an nn.MultiheadAttention",
             hint="module.in_proj_weight has shape (3*d_model, d_model): .chunk(3, dim=0) gives the query, key and "
@@ -536,7 +532,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="attention_like_torch",
-            function="attention_like_torch",
             points=2,
             summary="module's output and per-head weights, from your functions, with PyTorch's True = blocked masks",
             hint="params = params_from_torch(module). Convert each PyTorch mask to the course's convention with ~: "

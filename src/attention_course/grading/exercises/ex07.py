@@ -337,7 +337,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="sinusoidal_encoding",
-            function="sinusoidal_encoding",
             points=2,
             summary="PE(p)[2i] = sin(p / 10000^(2i/d)), PE(p)[2i+1] = cos(...) for a tensor of positions p",
             hint="With p = positions.unsqueeze(1) (a column) and i = torch.arange(d_model // 2), the angle "
@@ -349,7 +348,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="offset_similarity",
-            function="offset_similarity",
             points=1,
             summary="<PE(p), PE(p+k)> = sum_i cos(omega_i k) for a tensor of offsets k",
             hint="Each pair contributes sin(a)sin(a + t) + cos(a)cos(a + t) = cos(t) with t = omega_i * k. With "
@@ -360,7 +358,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="shift_by_rotation",
-            function="shift_by_rotation",
             points=2,
             summary="rotate every sine/cosine pair of x by omega_i * k: PE(p) becomes PE(p + k)",
             hint="For pair i let t = k * 10000 ** (-2 * i / d_model) and (a, b) = (x[..., 2i], x[..., 2i+1]); the "
@@ -371,7 +368,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="embed_with_positions",
-            function="embed_with_positions",
             points=2,
             summary="Dropout(E[tokens] * sqrt(d_model) + PE[:L]), identity dropout in evaluation mode",
             hint=('Look up the embeddings of the tokens (index the weight matrix with the token ids), scale them by'

@@ -367,7 +367,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="layer_norm",
-            function="layer_norm",
             points=2,
             summary="weight * (x - mean) / sqrt(biased var + eps) + bias over the last dimension",
             hint="Over dim=-1 with keepdim=True: mean = x.mean(...), var = x.var(..., correction=0) (the biased "
@@ -378,7 +377,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="dropout",
-            function="dropout",
             points=2,
             summary="inverted dropout: zero each entry with probability p, scale survivors by 1/(1 - p)",
             hint=('In training, draw one uniform random number per element on every call and keep the elements '
@@ -390,7 +388,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="residual_sublayer",
-            function="residual_sublayer",
             points=2,
             summary="post-norm norm(x + f(x)) or pre-norm x + f(norm(x)), chosen by norm_first",
             hint="Two one-liners. Post-norm (norm_first=False), the paper's order: add first, then normalise the "

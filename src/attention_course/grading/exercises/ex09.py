@@ -411,7 +411,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="feed_forward",
-            function="feed_forward",
             points=1,
             summary="relu(x @ W1 + b1) @ W2 + b2 at every position, with a ValueError when the widths disagree",
             hint=('Multiply by the first weights and add the first bias, apply ReLU, then multiply by the second '
@@ -424,7 +423,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="linear_to_conv1d",
-            function="linear_to_conv1d",
             points=1,
             summary="the (out, in, 1) kernel and bias that make F.conv1d compute x @ W + b at every position",
             hint="In the row-vector convention W has shape (in, out); nn.Conv1d stores kernels as (out_channels, "

@@ -457,7 +457,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="shift_target",
-            function="shift_target",
             points=1,
             summary="teacher forcing: the decoder's input and the labels from one target batch",
             hint="Both are slices of tgt along dimension 1: one drops the last column, the other the first.",
@@ -466,7 +465,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="decoder_masks",
-            function="decoder_masks",
             points=2,
             summary="the causal self-attention mask and the source padding mask of a decoder",
             hint="torch.ones(L, L, dtype=torch.bool).tril() is True where key j <= query i; (src != pad_id) is "
@@ -477,7 +475,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="decoder_layer_forward",
-            function="decoder_layer_forward",
             points=2,
             summary="a decoder layer's forward pass from its sub-modules, post-norm or pre-norm",
             hint="Three sub-layers: self-attention on y (mask self_mask), cross-attention with query y and key = "
@@ -489,7 +486,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="greedy_decode",
-            function="greedy_decode",
             points=3,
             summary="batched greedy decoding with model.encode / model.decode, eos handling and padding",
             hint="Encode once; start from a (B, 1) column of bos_id; at each step decode the whole prefix with a "

@@ -341,7 +341,6 @@ EXERCISE = Exercise(
     parts=(
         Part(
             name="cache_append",
-            function="cache_append",
             points=1,
             summary="append new keys and values to the cached ones along the length dimension",
             hint="Keys and values have shape (batch, heads, length, d). torch.cat([old, new], dim=-2) puts the new "
@@ -351,7 +350,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="online_softmax_update",
-            function="online_softmax_update",
             points=2,
             summary="fold a block of scores into a running maximum m and running sum l = sum exp(s - m)",
             hint=("The new maximum is the larger of the running maximum and the block's own maximum. The old sum "
@@ -364,7 +362,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="tiled_attention_step",
-            function="tiled_attention_step",
             points=3,
             summary="one block of keys/values folded into (accumulator, running max, running sum)",
             hint="Scores for the block: query @ key.transpose(-2, -1) * scale. Your online_softmax_update gives "
@@ -375,7 +372,6 @@ EXERCISE = Exercise(
         ),
         Part(
             name="tiled_attention",
-            function="tiled_attention",
             points=3,
             summary="exact attention computed block by block, never forming the full score matrix",
             hint="Loop over blocks of queries (query[..., q0:q0 + block_size, :]). For each, start from a zero "
