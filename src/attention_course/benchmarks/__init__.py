@@ -15,4 +15,5 @@ BENCHMARKS: dict[str, str] = {
     "gqa_kv_cache_bytes": "gqa_kv_cache",
     "mha_vs_torch_time_ratio": "mha",
     "grading_seconds_per_notebook": "grading",
+    "decoder_lm": "decoder_lm",
 }
