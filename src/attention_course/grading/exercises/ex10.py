@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import close_problem, finite_problem, first_problem, fmt, matches, tensor_problem
-from attention_course.grading.spec import Case, Exercise, Part, preamble, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_concepts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
@@ -257,6 +257,22 @@ def _variant(sub: DecoderSublayers, y: Tensor, memory: Tensor, self_mask: Tensor
 _matches = functools.partial(matches, atol=1e-6, rtol=1e-5)
 
 
+def _order_message(case: Case) -> str:
+    first = case.args[0].norm_first
+    return (f"your output is the other norm order's: this layer is {'pre-norm' if first else 'post-norm'} "
+            f"(layer.norm_first is {first}); post-norm is norm(x + f(x)), pre-norm is x + f(norm(x))")
+
+
+# The usual wrong decoder layers, each computed from the case's inputs: (sub, y, memory, self_mask, memory_mask).
+_LAYER_MISTAKES = (
+    Mistake(lambda c: _variant(*c.args, not c.args[0].norm_first), _order_message),
+    Mistake(lambda c: None if c.args[3] is None else _variant(*c.args[:3], None, c.args[4], c.args[0].norm_first),
+            "your self-attention ignores self_mask: pass it to layer.self_attention(..., mask=self_mask)"),
+    Mistake(lambda c: None if c.args[4] is None else _variant(*c.args[:4], None, c.args[0].norm_first),
+            "your cross-attention ignores memory_mask: pass it to layer.cross_attention(..., mask=memory_mask)"),
+)
+
+
 def _verify_layer(case: Case, output: Any) -> str | None:
     sub, y, memory, self_mask, memory_mask = case.args
     expected = _torch_reference(case.data["reference"], y, memory, self_mask, memory_mask)
@@ -282,15 +298,7 @@ def _verify_layer(case: Case, output: Any) -> str | None:
     def diagnosis() -> str | None:
         if _matches(output, expected):
             return None
-        if _matches(output, _variant(sub, y, memory, self_mask, memory_mask, not sub.norm_first)):
-            order = "pre-norm" if sub.norm_first else "post-norm"
-            return (f"your output is the other norm order's: this layer is {order} (layer.norm_first is "
-                    f"{sub.norm_first}); post-norm is norm(x + f(x)), pre-norm is x + f(norm(x))")
-        if self_mask is not None and _matches(output, _variant(sub, y, memory, None, memory_mask, sub.norm_first)):
-            return "your self-attention ignores self_mask: pass it to layer.self_attention(..., mask=self_mask)"
-        if memory_mask is not None and _matches(output, _variant(sub, y, memory, self_mask, None, sub.norm_first)):
-            return "your cross-attention ignores memory_mask: pass it to layer.cross_attention(..., mask=memory_mask)"
-        return None
+        return diagnose(_LAYER_MISTAKES, output, case, matches=_matches)
 
     def leakage() -> str | None:
         if extra is None:
