@@ -175,6 +175,21 @@ MUTANTS = [
            "outputs.append(accumulator / running_sum[..., None])", "outputs.append(accumulator)"),
     Mutant("tiled_key_loop_over_queries", "ex11_efficient_attention", "tiled_attention",
            "range(0, key.shape[-2], block_size)", "range(0, query.shape[-2], block_size)"),
+    # --- ex13 (notebook ex13_decoder_only_language_models) -----------------------------------------------
+    Mutant("lm_loss_not_shifted", "ex13_decoder_only_language_models", "next_token_loss",
+           "targets = tokens[:, 1:]", "targets = tokens[:, :-1]"),
+    Mutant("lm_loss_counts_padding", "ex13_decoder_only_language_models", "next_token_loss",
+           "ignore_index=pad_id)", "ignore_index=-100)"),
+    Mutant("top_p_drops_crossing_token", "ex13_decoder_only_language_models", "top_p_filter",
+           "drop_sorted = mass_before >= p", "drop_sorted = torch.cumsum(probs, dim=-1) > p"),
+    Mutant("sample_filters_after_draw", "ex13_decoder_only_language_models", "sample_next_token",
+           "probs = torch.softmax(filtered, dim=-1)", "probs = torch.softmax(scaled, dim=-1)"),
+    Mutant("temperature_on_probabilities", "ex13_decoder_only_language_models", "sample_next_token",
+           "scaled = logits / temperature", "scaled = torch.log(torch.softmax(logits, dim=-1) / temperature)"),
+    Mutant("cached_step_skips_new_token", "ex13_decoder_only_language_models", "cached_attention_step",
+           "return weights @ values, keys, values",
+           "return (torch.softmax(q @ past_keys.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ past_values"
+           " if past_keys is not None else v), keys, values"),
     # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
     Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),

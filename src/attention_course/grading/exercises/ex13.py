@@ -1,0 +1,370 @@
+"""Exercise 13, decoder-only language models: the checks behind ``exercises/ex13_decoder_only_language_models.ipynb``.
+
+The learner writes chapter 13's core: the shifted next-token loss with padding ignored, the top-k and top-p
+(nucleus) filters, sampling with a temperature and those filters, and one cached generation step of
+single-head causal self-attention.
+
+References are computed in the checking process in float64 from PyTorch (``F.cross_entropy``, softmax,
+attention over the whole sequence) and from the library's filters (:mod:`attention_course.sampling`);
+the specific messages recognise the usual mistakes: targets not shifted, padding counted, the token that
+crosses p dropped, temperature applied to probabilities, a filter that does not shape the draw.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    f64,
+    finite_problem,
+    first_problem,
+    scalar_problem,
+    tensor_problem,
+    tuple_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Part, preamble, randn, with_concepts
+from attention_course.sampling import top_k_filter as reference_top_k
+from attention_course.sampling import top_p_filter as reference_top_p
+
+PREAMBLE = preamble()
+
+
+# --- part 1: the shifted next-token loss -------------------------------------------------------------------
+def _loss_cases(g: torch.Generator) -> list[Case]:
+    def tokens(batch: int, length: int, vocab: int, low: int = 1) -> torch.Tensor:
+        return torch.randint(low, vocab, (batch, length), generator=g)
+
+    padded = tokens(3, 8, 12)
+    padded[0, 5:] = 0
+    padded[1, 3:] = 0  # very different amounts of padding: a mean of per-row means differs from the mean
+    other_pad = tokens(2, 6, 9, low=0)
+    other_pad = torch.where(other_pad == 4, torch.ones_like(other_pad), other_pad)
+    other_pad[1, 4:] = 4
+    return [
+        Case("batch 2, length 6, vocabulary 11, no padding", (randn(g, 2, 6, 11), tokens(2, 6, 11)), {"pad_id": 0}),
+        Case("padding (id 0) at the end of two rows, different lengths", (randn(g, 3, 8, 12, scale=2.0), padded),
+             {"pad_id": 0}),
+        Case("the padding id is 4, not 0", (randn(g, 2, 6, 9), other_pad), {"pad_id": 4}),
+        Case("sequences of two tokens: one prediction each", (randn(g, 4, 2, 5), tokens(4, 2, 5)), {"pad_id": 0}),
+    ]
+
+
+def _loss(logits: torch.Tensor, predictions: slice, targets: torch.Tensor, pad_id: int) -> torch.Tensor:
+    chosen = logits[:, predictions]
+    return F.cross_entropy(chosen.reshape(-1, chosen.size(-1)), targets.reshape(-1), ignore_index=pad_id)
+
+
+def _verify_loss(case: Case, output: Any) -> str | None:
+    logits, tokens = (f64(t) if t.is_floating_point() else t for t in case.args)
+    pad_id = case.kwargs["pad_id"]
+    expected = _loss(logits, slice(None, -1), tokens[:, 1:], pad_id)
+
+    def value() -> str | None:
+        got = float(output)
+        if math.isclose(got, float(expected), rel_tol=1e-4, abs_tol=1e-5):
+            return None
+        unshifted = _loss(logits, slice(None), tokens, pad_id)
+        same_position = _loss(logits, slice(None, -1), tokens[:, :-1], pad_id)
+        backwards = _loss(logits, slice(1, None), tokens[:, :-1], pad_id)
+        with_padding = _loss(logits, slice(None, -1), tokens[:, 1:], -100)
+        if any(math.isclose(got, float(loss), rel_tol=1e-4) for loss in (unshifted, same_position)):
+            return ("your loss compares the logits at position t with token t: position t must predict token "
+                    "t + 1 (drop the last position's logits and the first token)")
+        if math.isclose(got, float(backwards), rel_tol=1e-4):
+            return "your shift goes the wrong way: logits[:, :-1] predict tokens[:, 1:]"
+        if math.isclose(got, float(with_padding), rel_tol=1e-4):
+            return f"your loss counts the padded targets (id {pad_id}): leave them out of the mean"
+        return f"expected a loss of {float(expected):.5f} nats, got {got:.5f}"
+
+    return first_problem(lambda: scalar_problem(output, "your loss"), value)
+
+
+# --- part 2: top-k ------------------------------------------------------------------------------------------
+def _top_k_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("logits (4, 10), k = 3", (randn(g, 4, 10), 3)),
+        Case("k = 1 keeps only the largest", (randn(g, 3, 6), 1)),
+        Case("k larger than the vocabulary keeps everything", (randn(g, 2, 5), 8)),
+        Case("leading dimensions: logits (2, 3, 7), k = 2", (randn(g, 2, 3, 7), 2)),
+    ]
+
+
+def _filter_problem(output: Any, logits: torch.Tensor, expected: torch.Tensor, what: str) -> str | None:
+    def kept() -> str | None:
+        got_kept, want_kept = torch.isfinite(output), torch.isfinite(expected)
+        if torch.equal(got_kept, want_kept):
+            return None
+        row = (got_kept != want_kept).reshape(-1, logits.size(-1)).any(dim=-1).nonzero()[0, 0].item()
+        got_n = int(got_kept.reshape(-1, logits.size(-1))[row].sum())
+        want_n = int(want_kept.reshape(-1, logits.size(-1))[row].sum())
+        return f"row {row}: you kept {got_n} tokens, {what} keeps {want_n}"
+
+    def values() -> str | None:
+        keep = torch.isfinite(expected)
+        if not torch.equal(f64(output)[keep], f64(logits)[keep]):
+            return "the kept logits must keep their values (set only the dropped ones to -inf)"
+        if not bool((output[~keep] == -math.inf).all()):
+            return "the dropped logits must be -inf (so that softmax gives them probability 0)"
+        return None
+
+    return first_problem(lambda: tensor_problem(output, "your filtered logits", logits.shape), kept, values)
+
+
+def _verify_top_k(case: Case, output: Any) -> str | None:
+    logits, k = case.args
+    return _filter_problem(output, logits, reference_top_k(logits, k), f"top-k with k = {k}")
+
+
+# --- part 3: top-p ------------------------------------------------------------------------------------------
+def _probs(*values: float) -> torch.Tensor:
+    return torch.tensor(values).log()
+
+
+def _top_p_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("probabilities (0.5, 0.3, 0.15, 0.05), p = 0.6: the token crossing p is kept",
+             (_probs(0.5, 0.3, 0.15, 0.05)[None], 0.6)),
+        Case("the favourite alone has 0.95 > p = 0.9", (_probs(0.95, 0.03, 0.02)[None], 0.9)),
+        Case("unsorted probabilities (0.1, 0.6, 0.05, 0.25), p = 0.7", (_probs(0.1, 0.6, 0.05, 0.25)[None], 0.7)),
+        Case("random logits (4, 20), p = 0.9", (randn(g, 4, 20, scale=2.0), 0.9)),
+        Case("p = 1 keeps every token", (randn(g, 2, 6), 1.0)),
+        Case("leading dimensions: logits (2, 3, 8), p = 0.5", (randn(g, 2, 3, 8), 0.5)),
+    ]
+
+
+def _verify_top_p(case: Case, output: Any) -> str | None:
+    logits, p = case.args
+    expected = reference_top_p(logits, p)
+    problem = _filter_problem(output, logits, expected, f"top-p with p = {p}")
+    if problem and isinstance(output, torch.Tensor) and output.shape == logits.shape:
+        got_n, want_n = int(torch.isfinite(output).sum()), int(torch.isfinite(expected).sum())
+        if got_n < want_n:
+            problem += (" (keep a token while the probability of the tokens before it is below p, so that the "
+                        "token whose probability crosses p is kept too)")
+    return problem
+
+
+# --- part 4: sampling ---------------------------------------------------------------------------------------
+DRAWS = 4000
+
+
+def _sample_cases(g: torch.Generator) -> list[Case]:
+    def rows(logits: torch.Tensor) -> torch.Tensor:
+        return logits.expand(DRAWS, logits.numel()).clone()
+
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
+    base = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    return [
+        Case("temperature 0 is greedy: the argmax of each row", (randn(g, 3, 10),), {"temperature": 0.0}),
+        Case(f"temperature 1, {DRAWS} draws from one distribution", (rows(base),), {"temperature": 1.0},
+             data={"seed": seed}),
+        Case(f"temperature 0.5, {DRAWS} draws", (rows(base),), {"temperature": 0.5}, data={"seed": seed}),
+        Case(f"temperature 2, top-k 2, {DRAWS} draws", (rows(base),), {"temperature": 2.0, "top_k": 2},
+             data={"seed": seed}),
+        Case(f"top-p 0.6 on probabilities (0.5, 0.3, 0.15, 0.05), {DRAWS} draws",
+             (rows(_probs(0.5, 0.3, 0.15, 0.05)),), {"top_p": 0.6}, data={"seed": seed}),
+        Case(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws", (rows(randn(g, 6, scale=2.0)),),
+             {"temperature": 0.8, "top_k": 3, "top_p": 0.9}, data={"seed": seed}),
+    ]
+
+
+def _run_sample(obj: Any, case: Case) -> Any:
+    """Draw twice with generators seeded alike: the draws must come from the generator."""
+    kwargs = {"temperature": 1.0, "top_k": None, "top_p": None, **case.kwargs}
+    if "seed" not in case.data:
+        return obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(0))
+    first = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
+    second = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
+    return first, second
+
+
+def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    z = f64(logits) / temperature
+    if top_k is not None:
+        z = reference_top_k(z, top_k)
+    if top_p is not None:
+        z = reference_top_p(z, top_p)
+    return torch.softmax(z, dim=-1)
+
+
+def _verify_sample(case: Case, output: Any) -> str | None:
+    logits = case.args[0]
+    kwargs = {"temperature": 1.0, "top_k": None, "top_p": None, **case.kwargs}
+    if kwargs["temperature"] == 0:
+        return first_problem(
+            lambda: tensor_problem(output, "your tokens", logits.shape[:-1], floating=False),
+            lambda: None if torch.equal(output.long(), logits.argmax(dim=-1)) else
+            "with temperature 0 every row must give its argmax",
+        )
+
+    def tokens_problem() -> str | None:
+        problem = tuple_problem(output, "first draw", "second draw")
+        if problem:
+            return problem
+        for draw in output:
+            problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
+            if problem:
+                return problem
+        if not torch.equal(output[0], output[1]):
+            return "two calls with generators seeded alike gave different tokens: draw with the generator argument"
+        return None
+
+    def distribution() -> str | None:
+        tokens = output[0].long()
+        expected = _expected_probs(logits[0], **kwargs)
+        if (tokens < 0).any() or (tokens >= logits.size(-1)).any():
+            return f"token ids must lie in 0 .. {logits.size(-1) - 1}"
+        impossible = tokens[expected[tokens] == 0]
+        if impossible.numel():
+            return (f"you drew token {int(impossible[0])}, which the filters remove (probability 0): sample from "
+                    "the filtered distribution, do not filter after drawing")
+        frequencies = torch.bincount(tokens, minlength=logits.size(-1)).double() / DRAWS
+        worst = int((frequencies - expected).abs().argmax())
+        if abs(frequencies[worst] - expected[worst]) > 0.04:
+            hint = ""
+            untempered = _expected_probs(logits[0], 1.0, kwargs["top_k"], kwargs["top_p"])
+            if kwargs["temperature"] != 1 and (frequencies - untempered).abs().max() < 0.04:
+                hint = (" (your draws ignore the temperature: divide the logits by it, not the probabilities, "
+                        "which renormalising undoes)")
+            return (f"token {worst} was drawn {frequencies[worst]:.3f} of the time; its probability is "
+                    f"{expected[worst]:.3f}{hint}")
+        return None
+
+    return first_problem(tokens_problem, distribution)
+
+
+# --- part 5: one cached generation step ---------------------------------------------------------------------
+def _step_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, past: int, d: int) -> Case:
+        x = randn(g, batch, past + 1, d)
+        w_q, w_k, w_v = (randn(g, d, d, scale=d ** -0.5) for _ in range(3))
+        past_k = None if past == 0 else x[:, :past] @ w_k
+        past_v = None if past == 0 else x[:, :past] @ w_v
+        return Case(name, (x[:, past:], w_q, w_k, w_v, past_k, past_v), data={"x": x})
+
+    return [
+        case("the first token: empty cache (None)", 2, 0, 8),
+        case("4 cached positions, batch 2, d = 8", 2, 4, 8),
+        case("9 cached positions, batch 1, d = 16", 1, 9, 16),
+        case("1 cached position, batch 3, d = 4", 3, 1, 4),
+    ]
+
+
+def _verify_step(case: Case, output: Any) -> str | None:
+    x_new, w_q, w_k, w_v, past_k, past_v = case.args
+    x = f64(case.data["x"])
+    past = 0 if past_k is None else past_k.size(1)
+    q, k, v = x @ f64(w_q), x @ f64(w_k), x @ f64(w_v)
+    d = x.size(-1)
+    scores = q[:, -1:] @ k.transpose(-2, -1) / math.sqrt(d)  # the last position attends to all, itself included
+    expected = torch.softmax(scores, dim=-1) @ v  # (B, 1, d)
+
+    def output_problem() -> str | None:
+        if close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
+                         rtol=1e-4) is None:
+            return None
+        if past:
+            past_only = torch.softmax(q[:, -1:] @ k[:, :past].transpose(-2, -1) / math.sqrt(d), dim=-1) @ v[:, :past]
+            if torch.allclose(f64(output[0]), past_only, atol=1e-5, rtol=1e-4):
+                return "your new token does not attend to itself: append its key and value before attending"
+        unscaled = torch.softmax(q[:, -1:] @ k.transpose(-2, -1), dim=-1) @ v
+        if torch.allclose(f64(output[0]), unscaled, atol=1e-5, rtol=1e-4):
+            return "divide the scores by sqrt(d)"
+        return close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
+                             rtol=1e-4)
+
+    return first_problem(
+        lambda: tuple_problem(output, "output", "keys", "values"),
+        lambda: tensor_problem(output[0], "your output", x_new.shape),
+        lambda: tensor_problem(output[1], "your keys", (x.size(0), past + 1, d)),
+        lambda: tensor_problem(output[2], "your values", (x.size(0), past + 1, d)),
+        lambda: finite_problem(output[0], "your output"),
+        lambda: close_problem(output[1], k, "your keys", "the cached keys followed by the new one",
+                              atol=1e-5, rtol=1e-4),
+        lambda: close_problem(output[2], v, "your values", "the cached values followed by the new one",
+                              atol=1e-5, rtol=1e-4),
+        output_problem,
+    )
+
+
+EXERCISE = Exercise(
+    id="ex13",
+    title="Decoder-only language models",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="next_token_loss",
+            points=2,
+            summary="mean cross-entropy of predicting token t + 1 from position t, padding ignored",
+            hint="The predictions are logits[:, :-1], the targets tokens[:, 1:]. Flatten both and use "
+                 "F.cross_entropy with ignore_index set to the padding id.",
+            make_cases=_loss_cases,
+            verify=_verify_loss,
+        ),
+        Part(
+            name="top_k_filter",
+            points=1,
+            summary="keep the k largest logits of each row, set the others to -inf",
+            hint="torch.topk(logits, k, dim=-1).values[..., -1:] is each row's k-th largest value; every logit "
+                 "below it is dropped (masked_fill with -inf). k at least the vocabulary size keeps all.",
+            make_cases=_top_k_cases,
+            verify=_verify_top_k,
+        ),
+        Part(
+            name="top_p_filter",
+            points=2,
+            summary="keep the smallest set of most likely tokens whose probability reaches p",
+            hint="Sort the logits in descending order, take softmax and cumsum. The probability *before* a token "
+                 "is its cumsum minus its own probability: drop it when that is already >= p. Scatter the "
+                 "decision back to the original order.",
+            make_cases=_top_p_cases,
+            verify=_verify_top_p,
+        ),
+        Part(
+            name="sample_next_token",
+            points=2,
+            summary="temperature on the logits, then top-k and top-p, then one draw per row",
+            hint="Temperature 0: return the argmax. Otherwise divide the logits by the temperature, apply your "
+                 "filters, softmax, and draw with torch.multinomial(probs.reshape(-1, V), 1, generator=...), "
+                 "then reshape to the leading dimensions.",
+            make_cases=_sample_cases,
+            verify=_verify_sample,
+            run=_run_sample,
+        ),
+        Part(
+            name="cached_attention_step",
+            points=2,
+            summary="one generation step of causal self-attention with a KV cache",
+            hint="Project the new token: q = x_new @ w_q, k = x_new @ w_k, v = x_new @ w_v. Append k and v to the "
+                 "cached ones along dim 1 (the cache may be None). The new query attends to every cached "
+                 "position and to itself: softmax(q @ keys.T / sqrt(d)) @ values.",
+            make_cases=_step_cases,
+            verify=_verify_step,
+        ),
+    ),
+)
+
+EXERCISE = with_concepts(EXERCISE, {
+    "next_token_loss": (
+        "A language model's logits at position t are its guess for the token at t + 1; padding is not text, "
+        "so its targets do not count."
+    ),
+    "top_k_filter": "Top-k sampling draws only among the k most likely tokens.",
+    "top_p_filter": (
+        "Nucleus sampling keeps the most likely tokens until their probabilities add up to p, including the "
+        "token that crosses p."
+    ),
+    "sample_next_token": (
+        "Temperature rescales the logits before the softmax; filters remove tokens from the distribution the "
+        "draw comes from."
+    ),
+    "cached_attention_step": (
+        "At each generation step only the newest token is new: its key and value join the cache, and its query "
+        "attends to every position so far."
+    ),
+})
