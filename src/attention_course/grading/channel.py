@@ -23,7 +23,7 @@ __all__ = ["FrameReader", "HEADER_LIMIT", "parse_header", "send_frame"]
 
 HEADER_LIMIT = 16_384  # bytes of one header frame
 _HEADER_KEYS = {"step": str, "cell": int, "part": str, "type": str, "message": str, "where": str, "pid": int,
-                "size": int}
+                "size": int, "cpu": float}
 
 
 def send_frame(fd: int, payload: bytes) -> None:

@@ -71,6 +71,7 @@ class NotebookResult:
     seconds: float = 0.0
     sha256: str | None = None
     isolated: bool = True
+    worker_cpu_seconds: float = 0.0  # reported by the workers, for benchmarks (not in the report)
 
     def to_dict(self) -> dict:
         return {
@@ -280,7 +281,7 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
                 for v in verdicts]
     score = round(sum(verdict.score for verdict in verdicts), 2)
     return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed, sha256=sha256,
-                          isolated=sandbox.isolated)
+                          isolated=sandbox.isolated, worker_cpu_seconds=sandbox.worker_cpu_seconds)
 
 
 def grade_paths(

@@ -78,6 +78,8 @@ class SandboxResult:
             finish within ..."); the part may still have outcomes.
         processes: how many processes (sandboxes) were started (one, plus one per crash or timeout).
         isolated: whether the learner's code ran under bubblewrap.
+        worker_cpu_seconds: CPU time the workers that finished reported (start-up included; the worker's
+            own word, so for benchmarks only).
     """
 
     outcomes: dict[str, list[Any]] = field(default_factory=dict)
@@ -85,6 +87,7 @@ class SandboxResult:
     cell_errors: dict[str, str] = field(default_factory=dict)
     processes: int = 0
     isolated: bool = True
+    worker_cpu_seconds: float = 0.0
 
 
 def _load_outcome_bytes(data: bytes, expected: int) -> list[Any] | str:
@@ -121,6 +124,7 @@ class _Protocol:
         self.blob_for: tuple[str, int] | None = None
         self.events: list[dict[str, Any]] = []
         self.blobs: dict[str, bytes] = {}
+        self.cpu = 0.0  # CPU seconds the worker says it used (its own word: for benchmarks, never for grades)
 
     @property
     def max_frames(self) -> int:
@@ -164,6 +168,8 @@ class _Protocol:
                 return None
         if self.position >= len(self.plan):
             return f"sent {step!r} after it was done"
+        if step == "done" and isinstance(header.get("cpu"), float):
+            self.cpu = max(0.0, min(header["cpu"], 1e6))
         expected = self.plan[self.position]
         if any(header.get(key) != value for key, value in expected.items()):
             return f"announced {step!r} where {expected['step']!r} was due (a step may come only once, in order)"
@@ -182,6 +188,7 @@ class _Attempt:
     blobs: dict[str, bytes]
     reason: str | None  # None: ran to the end
     output_tail: str
+    cpu: float = 0.0
 
 
 def _exit_words(code: int | None) -> str:
@@ -257,7 +264,7 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline
             reason = f"printed more than {output_limit:,} bytes of output (the limit)"
         else:
             reason = f"ended the checking process, which {_exit_words(code)} (os._exit, a signal or a crash?)"
-    return _Attempt(protocol.events, protocol.blobs, reason, tail)
+    return _Attempt(protocol.events, protocol.blobs, reason, tail, protocol.cpu)
 
 
 def run_parts(
@@ -320,6 +327,7 @@ def run_parts(
                   output_limit=output_limit, allowed=allowed)
         attempt = _attempt(job, timeout, output_limit, workers, deadline)
         result.processes += 1
+        result.worker_cpu_seconds += attempt.cpu
         finished: set[str] = set()
         for event in attempt.events:
             part = event.get("part")
