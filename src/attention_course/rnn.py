@@ -173,7 +173,10 @@ class AttentionGRUDecoder(nn.Module):
         self.hidden_dim = hidden_dim
         self.memory_dim = memory_dim
         self.embedding = nn.Embedding(vocab_size, embed_dim)
-        self.init_state = nn.Linear(memory_dim, hidden_dim)  # s_0 = tanh(W summary + b), as in Bahdanau et al.
+        # s_0 = tanh(W summary + b): a learned map of the whole summary (both directions' final states).
+        # Bahdanau et al. (2014, appendix A.2.2) start from the backward encoder's state alone,
+        # s_0 = tanh(W_s h<-_1); using both directions gives both designs here the same starting information.
+        self.init_state = nn.Linear(memory_dim, hidden_dim)
         # The query (decoder state, hidden_dim) and the keys (encoder states, memory_dim) differ in size:
         # exactly the case additive attention handles without an extra projection.
         self.attention = AdditiveAttention(hidden_dim, memory_dim, attention_dim or hidden_dim) if attention else None
@@ -345,9 +348,10 @@ class Seq2SeqGRU(nn.Module):
             bos_id, eos_id: the begin- and end-of-sequence ids of the target vocabulary.
 
         Returns:
-            ``tokens (B, T)`` with ``T <= max_len``: each row's output up to and including its EOS, then
-            ``pad_id``; and ``weights (B, T, S)``, row t holding where step t looked in the source (zero after
-            the row's EOS), or None without attention.
+            ``tokens (B, 1 + T)`` with ``T <= max_len``: ``bos_id``, then each row's output up to and including
+            its EOS, then ``pad_id`` (the convention of :func:`attention_course.decoding.greedy_decode`); and
+            ``weights (B, T, S)``, row t holding where generated token t (``tokens[:, 1 + t]``) looked in the
+            source (zero after the row's EOS), or None without attention.
         """
         _check_positive_int("max_len", max_len)
         vocab = self.decoder.vocab_size
@@ -369,14 +373,16 @@ class Seq2SeqGRU(nn.Module):
             if bool(finished.all()):
                 break
         stacked_weights = torch.stack(weights, dim=1) if weights else None  # (B, T, S)
-        return torch.stack(tokens, dim=1), stacked_weights
+        start = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        return torch.cat([start, torch.stack(tokens, dim=1)], dim=1), stacked_weights
 
 
 def sequence_accuracy(predicted: Tensor, target: Tensor, pad_id: int = 0) -> tuple[Tensor, Tensor]:
     """Per-row token accuracy and exact match of generated sequences against the targets.
 
     Args:
-        predicted: ``(N, T1)`` generated ids (for example from :meth:`Seq2SeqGRU.greedy_decode`).
+        predicted: ``(N, T1)`` generated ids without the leading BOS (for example
+            ``Seq2SeqGRU.greedy_decode(...)[0][:, 1:]``).
         target: ``(N, T2)`` reference ids (ending with EOS), right-padded with ``pad_id``.
 
     Returns:

@@ -105,6 +105,8 @@ def test_greedy_decode_agrees_with_teacher_forcing_on_its_own_output(attention):
     model = _model(attention)
     src = _source([5, 3, 4, 1], g)
     tokens, weights = model.greedy_decode(src, max_len=6, bos_id=BOS, eos_id=EOS)
+    assert (tokens[:, 0] == BOS).all(), "rows start with <bos>, as decoding.greedy_decode's do"
+    tokens = tokens[:, 1:]
     assert tokens.shape[0] == 4 and 1 <= tokens.shape[1] <= 6
     tgt_in = torch.cat([torch.full((4, 1), BOS), tokens[:, :-1]], dim=1)
     logits, forced_weights = model(src, tgt_in)
@@ -127,7 +129,7 @@ def test_greedy_decode_stops_at_eos():
         model.decoder.output.bias.zero_()
         model.decoder.output.bias[EOS] = 5.0
     tokens, weights = model.greedy_decode(_source([4, 2], torch.Generator().manual_seed(6)), 10, BOS, EOS)
-    assert tokens.tolist() == [[EOS], [EOS]]
+    assert tokens.tolist() == [[BOS, EOS], [BOS, EOS]]
     assert weights.shape == (2, 1, 4)
 
 
