@@ -102,6 +102,49 @@ def learner_buttons(app: Sphinx, pagename: str, templatename: str, context: dict
     _rewrite_urls(context["header_buttons"], f"{pagename}.ipynb", f"{learner}.ipynb")
 
 
+# --- Jupyter widgets: none on the website ---------------------------------------------------------------------------
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# Widgets a reader would try to operate; progress bars (tqdm.auto: HBox, FloatProgress, HTML) are only frozen.
+CONTROL_MODEL = re.compile(
+    r"(Slider|Dropdown|Checkbox|Text|Textarea|Select|SelectMultiple|ToggleButtons?|RadioButtons|Button|Combobox"
+    r"|Play|ColorPicker|DatePicker)Model$"
+)
+
+
+def drop_widgets(app: Sphinx, doctree: nodes.document) -> None:
+    """Remove saved Jupyter widgets (tqdm's progress bars) and the 4 MB widget manager they would load.
+
+    A widget needs a kernel; on the static site it can only be a frozen picture. Interactive figures come from
+    ``ac.interactive_figure``, which needs no widget manager; a page that still saves a real control (a slider
+    of ``ipywidgets.interact``) gets a warning, which fails the book build (``-W``).
+    """
+    docname = app.env.docname
+    metadata = getattr(app.env, "nb_metadata", {}).get(docname, {})
+    js_files = metadata.get("js_files", {})
+    state = js_files.get("ipywidgets_state")
+    if state:
+        try:
+            models = json.loads(state[1].get("body", "{}")).get("state", {})
+        except ValueError:
+            models = {}
+        names = {model.get("model_name", "") for model in models.values()}
+        controls = sorted(name for name in names if CONTROL_MODEL.search(name))
+        if controls:
+            LOGGER.warning(
+                f"{docname}: saved Jupyter widgets with controls ({', '.join(controls)}) cannot work on the website; "
+                "draw interactive figures with ac.interactive_figure",
+                type="course",
+                subtype="widget",
+                location=docname,
+            )
+    for key in [key for key in js_files if key.startswith("ipywidgets")]:
+        del js_files[key]
+    for raw in list(doctree.findall(nodes.raw)):
+        if WIDGET_VIEW in raw.astext():
+            raw.parent.remove(raw)
+
+
 # --- images embedded as data URIs -------------------------------------------------------------------------------
 
 
@@ -228,6 +271,7 @@ def cpu_table_directive():
 
 def setup(app: Sphinx) -> dict:
     app.connect("doctree-read", label_and_strip_solutions)
+    app.connect("doctree-read", drop_widgets)
     app.add_node(cpu_table_placeholder)
     app.add_directive("course-cpu-table", cpu_table_directive())
     app.connect("source-read", start_clock)

@@ -155,8 +155,8 @@ def test_no_widget_state_or_widget_manager(page):
     """Interactive figures are native HTML on the site: no Jupyter widget state and no 4 MB widget manager."""
     document = soup(page)
     assert not document.find("script", attrs={"type": "application/vnd.jupyter.widget-view+json"}), (
-        f"{page.relative_to(HTML)} holds a Jupyter widget; use ac.interactive_figure (tqdm bars: tqdm.auto is fine "
-        "only when no widget state is saved)"
+        f"{page.relative_to(HTML)} holds a Jupyter widget (the course_site extension removes them): use "
+        "ac.interactive_figure"
     )
     sources = [script.get("src", "") for script in document.find_all("script")]
     assert not [s for s in sources if "html-manager" in s or "embed-amd" in s], (
