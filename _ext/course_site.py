@@ -266,10 +266,51 @@ def cpu_table_directive():
     return CourseCpuTable
 
 
+# --- bibliography labels that match the author-year citations ------------------------------------------------------
+
+
+def author_year_label(entry) -> str:
+    """``Vaswani et al., 2017``, ``Ba and Kiros, 2016`` or ``Srivastava, 2014``: the text of the citations."""
+    from pybtex.richtext import Text
+
+    persons = entry.persons.get("author") or entry.persons.get("editor") or []
+    lasts = [Text.from_latex(" ".join(person.last_names)).render_as("text") for person in persons]
+    if len(lasts) >= 3:
+        who = f"{lasts[0]} et al."
+    elif len(lasts) == 2:
+        who = f"{lasts[0]} and {lasts[1]}"
+    elif lasts:
+        who = lasts[0]
+    else:
+        who = Text.from_latex(entry.fields.get("title", entry.key)).render_as("text")
+    return f"{who}, {entry.fields.get('year', 'n.d.')}"
+
+
+def register_author_year_style() -> None:
+    from pybtex.plugin import register_plugin
+    from pybtex.style.formatting.unsrt import Style as UnsrtStyle
+    from pybtex.style.labels import BaseLabelStyle
+
+    class AuthorYearLabels(BaseLabelStyle):
+        def format_labels(self, sorted_entries):
+            labels = [author_year_label(entry) for entry in sorted_entries]
+            for index, label in enumerate(labels):
+                same = [i for i, other in enumerate(labels) if other == label]
+                # Two works of the same authors and year: 2017a, 2017b (in the bibliography's order).
+                yield label + ("abcdefghijklmnopqrstuvwxyz"[same.index(index)] if len(same) > 1 else "")
+
+    class AuthorYearStyle(UnsrtStyle):
+        default_label_style = AuthorYearLabels
+        default_sorting_style = "author_year_title"
+
+    register_plugin("pybtex.style.formatting", "course_author_year", AuthorYearStyle, force=True)
+
+
 # --- site-wide assets ---------------------------------------------------------------------------------------------
 
 
 def setup(app: Sphinx) -> dict:
+    register_author_year_style()  # bibtex_default_style: course_author_year (in _config.yml)
     app.connect("doctree-read", label_and_strip_solutions)
     app.connect("doctree-read", drop_widgets)
     app.add_node(cpu_table_placeholder)
