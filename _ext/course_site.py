@@ -305,6 +305,26 @@ def register_author_year_style() -> None:
 
     register_plugin("pybtex.style.formatting", "course_author_year", AuthorYearStyle, force=True)
 
+    # Citations in round brackets, as author-year citations are read: "Vaswani et al. (2017)", "(Ba et al., 2016)".
+    import dataclasses
+
+    import sphinxcontrib.bibtex.plugin
+    from sphinxcontrib.bibtex.style.referencing import BracketStyle
+    from sphinxcontrib.bibtex.style.referencing.author_year import AuthorYearReferenceStyle
+
+    def round_brackets() -> BracketStyle:
+        return BracketStyle(left="(", right=")")
+
+    fields = ("bracket_textual", "bracket_parenthetical", "bracket_author", "bracket_label", "bracket_year")
+    RoundStyle = dataclasses.make_dataclass(
+        "CourseAuthorYearReferenceStyle",
+        [(name, BracketStyle, dataclasses.field(default_factory=round_brackets)) for name in fields],
+        bases=(AuthorYearReferenceStyle,),
+    )
+    sphinxcontrib.bibtex.plugin.register_plugin(
+        "sphinxcontrib.bibtex.style.referencing", "course_author_year", RoundStyle, force=True
+    )
+
 
 # --- site-wide assets ---------------------------------------------------------------------------------------------
 

@@ -162,3 +162,34 @@ def test_no_widget_state_or_widget_manager(page):
     assert not [s for s in sources if "html-manager" in s or "embed-amd" in s], (
         f"{page.relative_to(HTML)} loads the Jupyter widget manager"
     )
+
+
+def bibliography_labels() -> dict[str, str]:
+    """``{anchor id: label}`` of the bibliography page, e.g. ``{"id16": "Vaswani et al., 2017"}``."""
+    page = main_content(page_for("chapters/bibliography"))
+    return {
+        entry["id"]: entry.find(class_="label").get_text("", strip=True).strip("[]")
+        for entry in page.select("div.citation[id]")
+    }
+
+
+def test_bibliography_labels_are_author_year():
+    labels = bibliography_labels()
+    assert labels, "the bibliography lists no entries"
+    odd = [label for label in labels.values() if not re.fullmatch(r".+, (\d{4}[a-z]?|n\.d\.)", label)]
+    assert not odd, f"bibliography labels that are not 'Author(s), year': {odd}"
+
+
+@pytest.mark.parametrize("entry", [e for e in toc_entries() if re.match(r"chapters/\d\d", e)])
+def test_citations_read_like_the_bibliography_labels(entry):
+    """A citation "Vaswani et al. (2017)" links to the entry labelled "Vaswani et al., 2017"."""
+    labels = bibliography_labels()
+    for citation in main_content(page_for(entry)).select("span.bibtex-citation"):
+        for link in citation.find_all("a", href=True):
+            target = link["href"].split("#")[-1]
+            if target not in labels:
+                continue
+            authors, year = labels[target].rsplit(", ", 1)
+            text = citation.get_text(" ", strip=True)
+            assert link.get_text(strip=True) == year, f"{entry}: citation {text!r} links to {labels[target]!r}"
+            assert authors.split(" et al.")[0] in text, f"{entry}: citation {text!r} links to {labels[target]!r}"
