@@ -21,6 +21,7 @@ from attention_course.grading.notebook_format import (
     END_SOLUTION,
     TAG_CHECK,
     TAG_GRADED,
+    TAG_PREAMBLE,
     TAG_SOLUTION_ONLY,
     cell_part,
     cell_tags,
@@ -45,6 +46,8 @@ class Learner:
         expect: part -> "full", "zero" or "some" from the grader (parts not named: "full").
         shown: texts that the notebook's outputs must contain (warnings, messages).
         time_limit: the notebook check's time limit (seconds), set in the check-setup cell.
+        preamble: the source of the notebook's preamble cell, e.g. as an older handout had it (the grader
+            and the check run the exercise module's preamble, never the notebook's copy).
     """
 
     name: str
@@ -55,6 +58,7 @@ class Learner:
     expect: dict[str, str] = field(default_factory=dict)
     shown: tuple[str, ...] = ()
     time_limit: float | None = None
+    preamble: str | None = None
 
 
 def _replace_block(source: str, body: str) -> str:
@@ -77,6 +81,8 @@ def build(learner: Learner, folder: Path) -> Path:
             extra = f", time_limit={learner.time_limit}" if learner.time_limit else ""
             cell.source = cell.source.replace(f'exercise("{exercise_id}")',
                                               f'exercise("{exercise_id}", seed={SEED}{extra})')
+        if TAG_PREAMBLE in cell_tags(cell) and learner.preamble is not None:
+            cell.source = learner.preamble
         if TAG_GRADED in cell_tags(cell) and part in learner.before:
             cells.append(nbformat.v4.new_code_cell(learner.before[part]))
         if TAG_GRADED in cell_tags(cell) and part in learner.answers:
@@ -214,6 +220,8 @@ def one_hot_of_first_max(scores):
         done = done | (next_token == eos_id)
     return tokens""",
     }, expect={"greedy_decode": "zero"}, time_limit=3,
+        # handed out before ex10's preamble imported the course library: still graded the same
+        preamble="import math\n\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn",
         shown=("your function `greedy_decode` did not return within 3 s (an infinite loop?)",)),
     Learner("ex11_preallocated", EX11, answers={
         "cache_append": """\
