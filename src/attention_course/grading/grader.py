@@ -39,7 +39,7 @@ from attention_course.grading.exercises import exercise_ids, get_exercise
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text, read_submission
 from attention_course.grading.judge import PartVerdict, failed_part
 from attention_course.grading.launcher import close_pools
-from attention_course.grading.library_rules import exercise_allowed, library_aliases, library_problem
+from attention_course.grading.library_rules import broken_parts, exercise_allowed
 from attention_course.grading.notebook_format import (
     TAG_GRADED,
     cell_part,
@@ -270,15 +270,9 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
     check_cells = {part.name: _check_cell_intact(nb, part.name, part.function) for part in exercise.parts}
     verdicts = assemble(exercise, sources, cases, sandbox, check_cells, all_or_nothing)
     # The library rule (library_rules): a part whose cell uses a course-library name it may not earns nothing.
-    aliases = library_aliases([exercise.preamble, *(source for _, _, source in cells)])
-    broken = {}
-    for _, part_name, source in cells:
-        problem = library_problem(source, exercise.id, part_name, aliases)
-        if problem and part_name not in broken:
-            broken[part_name] = problem
+    broken = broken_parts(exercise.id, exercise.preamble, cells)
     parts_by_name = {part.name: part for part in exercise.parts}
-    verdicts = [failed_part(parts_by_name[v.part], f"no marks: {broken[v.part]}") if v.part in broken else v
-                for v in verdicts]
+    verdicts = [failed_part(parts_by_name[v.part], broken[v.part]) if v.part in broken else v for v in verdicts]
     score = round(sum(verdict.score for verdict in verdicts), 2)
     return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed, sha256=sha256,
                           isolated=sandbox.isolated, worker_cpu_seconds=sandbox.worker_cpu_seconds)

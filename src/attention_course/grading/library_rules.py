@@ -32,8 +32,8 @@ import importlib
 import types
 from typing import Any
 
-__all__ = ["ALLOWED", "allowed_names", "exercise_allowed", "hide_library", "library_aliases", "library_problem",
-           "rule_text"]
+__all__ = ["ALLOWED", "allowed_names", "broken_parts", "exercise_allowed", "hide_library", "library_aliases",
+           "library_problem", "rule_text"]
 
 _MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
 
@@ -177,6 +177,19 @@ def library_problem(source: str, exercise_id: str, part: str, aliases: set[str] 
                 and id(node) not in attribute_roots:
             return bad(f"the course library module `{node.id}` itself (getattr, vars, or passing it around)")
     return None
+
+
+def broken_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]]) -> dict[str, str]:
+    """Part -> why it earns nothing under the library rule, for the graded ``cells`` (``(index, part,
+    source)``) of a notebook; parts that keep the rule are absent. The grader and the notebook check both
+    use this, so they agree."""
+    aliases = library_aliases([preamble, *(source for _, _, source in cells)])
+    broken: dict[str, str] = {}
+    for _, part, source in cells:
+        problem = library_problem(source, exercise_id, part, aliases)
+        if problem and part not in broken:
+            broken[part] = f"no marks: {problem}"
+    return broken
 
 
 class _Hidden:
