@@ -56,7 +56,8 @@ MEASURE = """() => {
                   svg: /\\.svg($|\\?)/.test(img.currentSrc)}));
   return {title: document.title, pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
           code, equations, images,
-          merrors: main.querySelectorAll('mjx-merror').length};
+          merrors: main.querySelectorAll('mjx-merror').length,
+          tabbableMath: main.querySelectorAll('mjx-container[tabindex]:not([tabindex="-1"])').length};
 }"""
 
 _reports: dict[tuple[str, str], dict] = {}
@@ -104,6 +105,23 @@ def test_no_serious_accessibility_violations(visit, path):
     violations = report(visit, path, "desktop")["axe"]
     described = [f"{v['impact']} {v['id']} ({v['help']}): {v['targets']}" for v in violations]
     assert not violations, f"{path}: axe-core finds\n" + "\n".join(described)
+
+
+@pytest.mark.parametrize("path", SCREENSHOT_PAGES)
+def test_no_serious_accessibility_violations_in_dark_mode(visit, path):
+    result = visit(path, dark=True)
+    wait_for_maths(result.page)
+    assert result.page.evaluate("() => document.documentElement.dataset.theme") == "dark"
+    violations = run_axe(result.page)
+    described = [f"{v['impact']} {v['id']} ({v['help']}): {v['targets']}" for v in violations]
+    assert not violations, f"{path} in dark mode: axe-core finds\n" + "\n".join(described)
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_formulas_are_out_of_the_tab_order(visit, path):
+    """A keyboard reader tabs through links and controls, not through every formula."""
+    focusable = report(visit, path, "desktop")["tabbableMath"]
+    assert focusable == 0, f"{path}: {focusable} formulas are in the tab order"
 
 
 @pytest.mark.parametrize("path", PAGES)
