@@ -99,3 +99,6 @@ def test_notebook_shows_the_grade_the_grader_gives(runs, learner):
     assert float(total) == pytest.approx(entry["score"])
     for words in learner.shown:
         assert words in " ".join(text.split()), (words, text)
+    # The warning about another cell's names comes with the part that uses them, not with every check.
+    warned = text.count("defined in a cell the grader does not run")
+    assert warned == sum("defined in a cell the grader does not run" in words for words in learner.shown), text

@@ -207,14 +207,16 @@ class Checker:
         ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
         # What the grader will not see: names from other cells, an edited check cell.
         namespace = self._learner_namespace()
-        missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble)
+        involved = [part, *dependencies(exercise, sources).get(part.name, [])]
+        missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble,
+                                                         [sources[p.name] for p in involved if p.name in sources])
                          if name in namespace)
         if missing:
             names = ", ".join(f"`{name}`" for name in missing)
-            notes.append(f"Warning: your graded code uses {names}, defined in a cell the grader does not run. The "
-                         f"grader runs only the graded cells, after the exercise's own imports. Move what you "
-                         f"need into a graded cell (a helper next to the function that uses it), or it will "
-                         f"fail there, as it does below.")
+            notes.append(f"Warning: the graded code of this part uses {names}, defined in a cell the grader does not "
+                         f"run. The grader runs only the graded cells, after the exercise's own imports: move what "
+                         f"you need into a graded cell (a helper next to the function that uses it), or this part "
+                         f"fails there, as it does here.")
         check_cells = None
         shell = _kernel()
         current = _current_cell(shell) if shell is not None else None

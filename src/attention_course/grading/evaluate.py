@@ -84,14 +84,15 @@ def loaded_names(source: str) -> set[str]:
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
 
 
-def outside_names(cells: Sequence[str], preamble: str) -> set[str]:
-    """Names the graded ``cells`` read but neither they, the ``preamble`` nor Python's builtins define: in the
-    grader's process they do not exist (a helper or an import in another cell of the notebook)."""
+def outside_names(cells: Sequence[str], preamble: str, reading: Sequence[str] | None = None) -> set[str]:
+    """Names the graded ``cells`` (or only those in ``reading``) read but neither the cells, the ``preamble``
+    nor Python's builtins define: in the grader's process they do not exist (a helper or an import in
+    another cell of the notebook)."""
     defined = bound_names(preamble) | set(dir(builtins)) | {"__name__", "__file__", "get_ipython", "display"}
     for source in cells:
         defined |= bound_names(source)
     used: set[str] = set()
-    for source in cells:
+    for source in cells if reading is None else reading:
         used |= loaded_names(source)
     return used - defined
 
