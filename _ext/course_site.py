@@ -326,6 +326,62 @@ def register_author_year_style() -> None:
     )
 
 
+# --- cross-references to re-exported names ---------------------------------------------------------------------
+
+
+def _import_object(dotted: str):
+    """The object a dotted name refers to (a module attribute, possibly nested), or None."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except Exception:  # not a module (or not importable): try a shorter prefix
+            continue
+        try:
+            for attribute in parts[cut:]:
+                obj = getattr(obj, attribute)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def resolve_reexports(app: Sphinx, env, node, contnode):
+    """Resolve ``attention_course.KVCache`` (a re-export) to where it is documented (``...kv_cache.KVCache``).
+
+    The library re-exports names from the top of the package and from compatibility modules such as
+    ``attention_course.efficient``; docstrings name them either way, the reference documents each once.
+    """
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip("~.")
+    if not target:
+        return None
+    module = node.get("py:module") or ""
+    candidates = [target, f"{module}.{target}" if module else "", f"attention_course.{target}"]
+    domain = env.get_domain("py")
+    for name in filter(None, candidates):
+        if not name.startswith("attention_course"):
+            continue
+        obj = _import_object(name)
+        if obj is None:
+            continue
+        canonical = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+        found = [canonical] if canonical in domain.objects else []
+        if not found:  # a constant: find the documented name that holds the same object
+            last = name.rsplit(".", 1)[-1]
+            found = [
+                documented
+                for documented in domain.objects
+                if documented.endswith("." + last) and _import_object(documented) is obj
+            ]
+        if found and found[0] != target:
+            return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], found[0], node, contnode)
+    return None
+
+
 # --- site-wide assets ---------------------------------------------------------------------------------------------
 
 
@@ -333,6 +389,7 @@ def setup(app: Sphinx) -> dict:
     register_author_year_style()  # bibtex_default_style: course_author_year (in _config.yml)
     app.connect("doctree-read", label_and_strip_solutions)
     app.connect("doctree-read", drop_widgets)
+    app.connect("missing-reference", resolve_reexports)
     app.add_node(cpu_table_placeholder)
     app.add_directive("course-cpu-table", cpu_table_directive())
     app.connect("source-read", start_clock)
