@@ -26,3 +26,25 @@ document.addEventListener("DOMContentLoaded", function () {
     }
   });
 });
+
+// A display equation or an output too wide for the column scrolls inside its own box; a box that scrolls must be
+// reachable from the keyboard (WCAG 2.1.1), so those, and only those, join the tab order.
+function courseFocusableScrollers() {
+  document.querySelectorAll('main mjx-container[display="true"], main .cell_output').forEach(function (box) {
+    var scrolls = box.scrollWidth > box.clientWidth + 1;
+    if (scrolls && !box.hasAttribute("tabindex")) {
+      box.setAttribute("tabindex", "0");
+      box.dataset.courseScroller = "1";
+    } else if (!scrolls && box.dataset.courseScroller) {
+      box.removeAttribute("tabindex");
+      delete box.dataset.courseScroller;
+    }
+  });
+}
+document.addEventListener("DOMContentLoaded", function () {
+  courseFocusableScrollers();
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    MathJax.startup.promise.then(courseFocusableScrollers);
+  }
+  window.addEventListener("resize", courseFocusableScrollers);
+});

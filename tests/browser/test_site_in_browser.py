@@ -57,7 +57,8 @@ MEASURE = """() => {
   return {title: document.title, pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
           code, equations, images,
           merrors: main.querySelectorAll('mjx-merror').length,
-          tabbableMath: main.querySelectorAll('mjx-container[tabindex]:not([tabindex="-1"])').length};
+          tabbableMath: Array.from(main.querySelectorAll('mjx-container[tabindex]:not([tabindex="-1"])'))
+            .filter(eq => eq.scrollWidth <= eq.clientWidth + 1).length};
 }"""
 
 _reports: dict[tuple[str, str], dict] = {}
@@ -119,7 +120,8 @@ def test_no_serious_accessibility_violations_in_dark_mode(visit, path):
 
 @pytest.mark.parametrize("path", PAGES)
 def test_formulas_are_out_of_the_tab_order(visit, path):
-    """A keyboard reader tabs through links and controls, not through every formula."""
+    """A keyboard reader tabs through links and controls, not through every formula (only through an equation
+    too wide for the column, which scrolls and so must be reachable)."""
     focusable = report(visit, path, "desktop")["tabbableMath"]
     assert focusable == 0, f"{path}: {focusable} formulas are in the tab order"
 
