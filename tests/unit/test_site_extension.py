@@ -1,0 +1,76 @@
+"""The course's Sphinx extension (_ext/course_site.py), tested without building the book."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("course_site", ROOT / "_ext" / "course_site.py")
+course_site = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(course_site)
+
+
+def test_solution_pages_map_to_learner_notebooks():
+    assert course_site.learner_docname("exercises/solutions/ex02_hard") == "exercises/ex02_hard"
+    assert course_site.learner_docname("chapters/02_hard") is None
+
+
+def test_solution_markers_are_recognised_and_removed():
+    source = "def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    assert course_site.MARKER_LINE.sub("", source) == "def f(x):\n    return x\n"
+    assert not course_site.MARKER_LINE.search("# BEGIN SOLUTION is how the markers start")
+
+
+def test_launch_and_download_urls_are_rewritten_to_the_learner_notebook():
+    buttons = [
+        {"type": "group", "buttons": [{"url": "https://colab/x/blob/main/exercises/solutions/ex02_a.ipynb"}]},
+        {"url": "../../_sources/exercises/solutions/ex02_a.ipynb", "label": "download"},
+    ]
+    course_site._rewrite_urls(buttons, "exercises/solutions/ex02_a.ipynb", "exercises/ex02_a.ipynb")
+    assert buttons[0]["buttons"][0]["url"].endswith("/blob/main/exercises/ex02_a.ipynb")
+    assert buttons[1]["url"] == "../../_sources/exercises/ex02_a.ipynb"
+
+
+def test_inline_images_become_files(tmp_path):
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 20
+    import base64
+
+    encoded = base64.b64encode(png).decode()
+    context = {
+        "body": f'<img src="data:image/png;base64,{encoded}"/><script>{{"images": [["data:image/png;base64,{encoded}"'
+        ", 1, 2]]}</script>",
+        "pathto": lambda name, resource: f"../{name}",
+    }
+    app = SimpleNamespace(outdir=str(tmp_path))
+    course_site.externalize_images(app, "chapters/x", "page.html", context, None)
+    files = list((tmp_path / "_images").iterdir())
+    assert len(files) == 1 and files[0].read_bytes() == png, "one file for the two copies of the same image"
+    assert "data:image" not in context["body"]
+    assert context["body"].count(f"../_images/{files[0].name}") == 2
+
+
+@pytest.mark.parametrize(
+    ("authors", "year", "label"),
+    [
+        (["Vaswani, Ashish", "Shazeer, Noam", "Parmar, Niki"], "2017", "Vaswani et al., 2017"),
+        (["Ba, Jimmy Lei", "Kiros, Jamie Ryan"], "2016", "Ba and Kiros, 2016"),
+        (["Nadaraya, E. A."], "1964", "Nadaraya, 1964"),
+        (["G{\\\"o}del, Kurt"], "1931", "Gödel, 1931"),
+    ],
+)
+def test_bibliography_labels_read_like_author_year_citations(authors, year, label):
+    from pybtex.database import Entry, Person
+
+    entry = Entry("article", fields={"year": year, "title": "T"}, persons={"author": [Person(a) for a in authors]})
+    assert course_site.author_year_label(entry) == label
+
+
+def test_widget_control_models_are_told_from_progress_bars():
+    assert course_site.CONTROL_MODEL.search("IntSliderModel")
+    assert course_site.CONTROL_MODEL.search("DropdownModel")
+    for progress_bar_part in ("HBoxModel", "FloatProgressModel", "HTMLModel", "LayoutModel"):
+        assert not course_site.CONTROL_MODEL.search(progress_bar_part)
