@@ -248,3 +248,20 @@ def test_output_limit_blames_the_cell_that_printed_even_when_the_grader_looks_la
     for part in [p for p in PARTS if p != "hard_attention_weights"]:
         score, max_score, message = scores[part]
         assert score == max_score, (part, message)
+
+
+def test_a_worker_that_cannot_start_fails_every_part_with_the_reason(tmp_path, monkeypatch):
+    """No learner code runs before the worker says it is ready: a worker that never does is replaced once,
+    then every part fails naming the start-up, and nothing is left running."""
+    from attention_course.grading import launcher
+    from attention_course.grading.grader import grade_notebook
+
+    launcher.close_pools()
+    monkeypatch.setattr(launcher, "bootstrap_source", lambda *args: "print('torch is broken here'); raise SystemExit(5)")
+    path = tmp_path / "ex02.ipynb"
+    nbformat.write(nbformat.read(EX02, as_version=4), path)
+    result = grade_notebook(path, timeout=TIMEOUT, seed=0)
+    assert result.score == 0
+    for verdict in result.parts:
+        assert "could not start" in verdict.message and "torch is broken here" in verdict.message, verdict.message
+    assert not launcher._live

@@ -205,15 +205,19 @@ def _exit_words(code: int | None) -> str:
 
 def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline: float) -> _Attempt:
     protocol = _Protocol(job)
-    try:
-        sandbox = workers.take()
-    except Exception as exc:
-        return _Attempt([], {}, f"could not be started ({clean_text(exc, 300)})", "")
+    for tries_left in (1, 0):  # a sandbox that did not start (no learner code has run in it) is replaced once
+        try:
+            sandbox = workers.take()
+        except Exception as exc:
+            return _Attempt([], {}, f"could not be started ({clean_text(exc, 300)})", "")
+        if sandbox.wait_ready(STARTUP_TIMEOUT):
+            break
+        tail = clean_text(sandbox.output_tail(600), 600)
+        sandbox.kill()
+        if not tries_left:
+            return _Attempt([], {}, "did not start" + (f" (last output: {tail})" if tail else ""), tail)
     reason: str | None = None
     try:
-        if not sandbox.wait_ready(STARTUP_TIMEOUT):
-            tail = clean_text(sandbox.output_tail(600), 600)
-            return _Attempt([], {}, "did not start" + (f" (last output: {tail})" if tail else ""), tail)
         sandbox.send_job(pickle.dumps(job), protocol.max_frames)
         steps = 2 + len(job.cells) + len(job.parts)
         attempt_deadline = min(time.monotonic() + STARTUP_TIMEOUT + timeout * steps, deadline)
