@@ -167,6 +167,20 @@ def test_content_images_are_sharp_on_high_resolution_screens(visit, path):
 
 
 @pytest.mark.parametrize("path", PAGES)
+def test_figures_are_not_shrunk_below_their_size(visit, path):
+    """A figure laid out for the column (<= 7.5 in at 100 dpi) shows at its own size, so 8 pt text stays 8 pt;
+    a wider one is scaled down to the column and its labels with it."""
+    shrunk = [
+        image
+        for image in report(visit, path, "desktop")["images"]
+        if image["ok"] and not image["svg"] and image["shown"] > 0 and image["shown"] < 0.9 * image["natural"] / 2
+    ]
+    assert not shrunk, f"{path}: figures shrunk to fit the column (make them narrower): " + "; ".join(
+        f"{image['src']} ({image['natural'] / 2:.0f} px shown at {image['shown']:.0f} px)" for image in shrunk
+    )
+
+
+@pytest.mark.parametrize("path", PAGES)
 def test_first_load_within_budget(visit, path):
     measured = report(visit, path, "desktop")
     print(f"{path}: {measured['bytes'] / 1e6:.2f} MB on first load")
