@@ -348,6 +348,12 @@ _SCRIPT = """<script>(function () {
       input.addEventListener("input", update);
       input.addEventListener("change", update);
     });
+    // Fetch the other frames once the reader reaches for a control, not with the page.
+    function preload() {
+      data.images.forEach(function (source) { new Image().src = source[0]; });
+    }
+    figure.addEventListener("pointerenter", preload, {once: true});
+    figure.addEventListener("focusin", preload, {once: true});
   }
   document.querySelectorAll("figure.ac-interactive").forEach(setup);
 })();</script>"""
