@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from attention_course.grading import authoring
 from tests.notebooks.notebook_files import ALL_NOTEBOOKS, LESSONS, ROOT, SOLUTIONS, read, relative
 
 SETUP_LINES = (
@@ -36,6 +37,11 @@ def test_first_code_cell_is_the_colab_setup_cell(path, repository_url):
     for line in SETUP_LINES:
         assert line in source, f"{relative(path)}: the first code cell must be the Colab setup cell (missing {line!r})"
     installs = re.findall(r'"([^"]*@ git\+[^"]*)"', source)
+    # One setup cell everywhere, the one the exercise generator writes (it uninstalls first, so that a
+    # re-run in a live Colab runtime picks up the newest course code).
+    assert source == authoring.setup_cell(ROOT / "_config.yml").source, (
+        f"{relative(path)}: the setup cell differs from attention_course.grading.authoring.setup_cell()"
+    )
     assert installs == [expected_install_target(repository_url)], (
         f"{relative(path)}: the setup cell installs {installs}, but _config.yml's repository.url says "
         f"{expected_install_target(repository_url)!r}"

@@ -80,9 +80,12 @@ def setup_cell(config: str | Path = "_config.yml") -> nbformat.NotebookNode:
     url = repository_url(config)
     return code(
         "import sys, subprocess\n"
-        'if "google.colab" in sys.modules:   # on Colab: install the course package from the course repository\n'
-        f'    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "attention-course @ git+{url}"], '
-        "check=True)"
+        'if "google.colab" in sys.modules:  # on Colab: install the course package\n'
+        f'    url = "attention-course @ git+{url}"\n'
+        '    pip = [sys.executable, "-m", "pip"]\n'
+        "    # Uninstall first: a re-run in a live runtime then installs the newest course code.\n"
+        '    subprocess.run([*pip, "uninstall", "-qq", "-y", "attention-course"], check=True)\n'
+        '    subprocess.run([*pip, "install", "-q", url], check=True)'
     )
 
 
