@@ -5,7 +5,8 @@ A lesson states a number, trend or comparison in its text and guards it in a cod
     # Claim: the weights of a tied row split evenly between the tied keys
     assert torch.allclose(weights[2, [2, 3]], torch.tensor([0.5, 0.5]))
 
-Each ``# Claim:`` line must be followed, in the same cell, by an ``assert`` that guards it (several claims may
+Each ``# Claim:`` line must be followed, in the same cell, by an ``assert`` (or a testing assertion such as
+``torch.testing.assert_close``) that guards it (several claims may
 share one cell, each with its own assert after it). Run ``python -m tests.notebooks.claims`` for the list of
 every lesson's claims, the coverage a reviewer reads.
 """
@@ -19,7 +20,9 @@ from pathlib import Path
 from tests.notebooks.notebook_files import LESSONS, read, relative
 
 CLAIM = re.compile(r"^\s*# Claim:\s*(?P<text>.*\S)\s*$")
-ASSERT = re.compile(r"^\s*assert\b")
+# An ``assert`` statement, or a call of a testing assertion that raises when the claim is false
+# (``torch.testing.assert_close(...)``, ``np.testing.assert_allclose(...)``).
+ASSERT = re.compile(r"^\s*(assert\b|([A-Za-z_]\w*\.)*assert_\w+\()")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.notebooks.claims import CLAIM, claims_of
+from tests.notebooks.claims import ASSERT, CLAIM, claims_of
 from tests.notebooks.notebook_files import LESSONS, relative
 
 # A lesson that states results guards several of them; fewer than this means the pass was not done.
@@ -15,6 +15,15 @@ def test_the_claim_pattern_reads_the_convention():
     assert CLAIM.match("    # Claim: rows sum to one")["text"] == "rows sum to one"
     assert CLAIM.match("# claim: lower case is not the convention") is None
     assert CLAIM.match("x = 1  # Claim: trailing comments are not claims") is None
+
+
+def test_guards_are_statements_that_raise():
+    assert ASSERT.match("assert rows.sum() == 1")
+    assert ASSERT.match("    torch.testing.assert_close(out, expected)")
+    assert ASSERT.match("np.testing.assert_allclose(a, b)")
+    assert not ASSERT.match("print('assert nothing')")
+    assert not ASSERT.match("ok = torch.allclose(a, b)  # computed, never checked")
+    assert not ASSERT.match("asserted = True")
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=relative)
