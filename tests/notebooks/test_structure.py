@@ -91,14 +91,36 @@ def test_every_figure_cell_has_alt_text(path):
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=relative)
-def test_widgets_have_a_static_figure(path):
-    """A lesson with a widget also has a static figure (the website cannot run the widget)."""
+def test_interactive_figures_use_the_course_helper(path):
+    """Controls come from ac.interactive_figure, which also works on the static website (precomputed
+    frames); a bare ipywidgets control would move on the site while its figure stays put."""
     notebook = read(path)
-    code_cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    if not any("widgets." in cell.source for cell in code_cells):
-        pytest.skip(f"{relative(path)} has no widget")
-    figures_with_alt = [cell for cell in code_cells if cell.metadata.get("mystnb", {}).get("image", {}).get("alt")]
-    assert figures_with_alt, f"{relative(path)}: a widget needs a static figure beside it"
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        bare = re.search(r"^\s*(import ipywidgets|from ipywidgets|.*\binteract(ive)?\()", cell.source, re.MULTILINE)
+        assert not bare or "interactive_figure(" in bare.group(0), (
+            f"{relative(path)} cell {index} uses ipywidgets directly ({bare.group(0).strip()!r}); "
+            "use ac.interactive_figure(draw, alt, **controls)"
+        )
+
+
+# The website's code column shows 88 characters without scrolling (ruff format's line length).
+MAX_CODE_LINE = 88
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=relative)
+def test_code_lines_fit_the_column(path):
+    long_lines = [
+        f"cell {index}: {len(line)} characters: {line[:60]}..."
+        for index, cell in enumerate(read(path).cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if len(line) > MAX_CODE_LINE
+    ]
+    assert not long_lines, f"{relative(path)}: code lines over {MAX_CODE_LINE} characters:\n" + "\n".join(
+        long_lines[:10]
+    )
 
 
 def test_toc_lists_exactly_the_notebooks_that_exist():
