@@ -125,7 +125,10 @@ class LearnedPositionalEmbedding(nn.Module):
         self.d_model = d_model
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
-        nn.init.normal_(self.embedding.weight, std=0.02)  # small, like GPT-2, so positions do not swamp tokens
+        # std 0.02, GPT-2's initialiser range. Next to token embeddings of order 1 (nn.Embedding's default, or
+        # the √d_model-scaled ones of the Transformer) these start about 50x smaller: at first the tokens drown
+        # the positions, not the reverse, and training must grow the position vectors before order is visible.
+        nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
