@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "preamble", "randn", "with_concepts",
-           "INPUTS_CHANGED"]
+__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "preamble", "randn",
+           "with_concepts", "INPUTS_CHANGED"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -254,6 +254,19 @@ def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
             continue
         return mistake.message(*inputs) if callable(mistake.message) else mistake.message
     return None
+
+
+def pair_problem(output: Any, out_shape: Sequence[int], weights_shape: Sequence[int],
+                 names: tuple[str, str] = ("output", "weights")) -> str | None:
+    """``output`` must be a pair ``(output, weights)`` of floating-point tensors of these shapes: the check
+    that every attention function returning both runs first (``None`` when it holds, else the message)."""
+    from attention_course.grading.compare import first_problem, tensor_problem, tuple_problem
+
+    return first_problem(
+        lambda: tuple_problem(output, *names),
+        lambda: tensor_problem(output[0], f"your {names[0]}", out_shape),
+        lambda: tensor_problem(output[1], f"your {names[1]}", weights_shape),
+    )
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,17 @@ from attention_course.grading.compare import (
     rows_sum_problem,
     scalar_problem,
     tensor_problem,
-    tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Part,
+    call_function,
+    pair_problem,
+    preamble,
+    randn,
+    with_concepts,
+)
 
 PREAMBLE = preamble()
 
@@ -187,24 +195,16 @@ def _self_attention_reference(X: torch.Tensor, beta: float) -> tuple[torch.Tenso
     return torch.matmul(weights, X), weights
 
 
-def _pair_problem(pair: Any, X: torch.Tensor) -> str | None:
-    t = X.shape[-2]
-    return first_problem(
-        lambda: tuple_problem(pair, "output", "weights"),
-        lambda: tensor_problem(pair[0], "your output", X.shape),
-        lambda: tensor_problem(pair[1], "your weights", (*X.shape[:-1], t)),
-    )
-
-
 def _verify_self_attention(case: Case, output: Any) -> str | None:
     X, beta = case.args[0], case.kwargs["beta"]
     expected_out, expected_w = _self_attention_reference(X, beta)
+    shapes = X.shape, expected_w.shape
     if "perm" in case.data:
         if not isinstance(output, tuple) or len(output) != 2:
             return "expected your function to return a tuple (output, weights)"
         perm = case.data["perm"]
         plain, permuted = output
-        problem = _pair_problem(plain, X) or _pair_problem(permuted, X)
+        problem = pair_problem(plain, *shapes) or pair_problem(permuted, *shapes)
         if problem:
             return problem
         gap = (permuted[0].to(torch.float64) - plain[0].to(torch.float64)[perm]).abs().max()
@@ -219,7 +219,7 @@ def _verify_self_attention(case: Case, output: Any) -> str | None:
         return problem + stability if problem else None
 
     return first_problem(
-        lambda: _pair_problem(output, X),
+        lambda: pair_problem(output, *shapes),
         finite,
         lambda: non_negative_problem(output[1]),
         lambda: rows_sum_problem(output[1]),

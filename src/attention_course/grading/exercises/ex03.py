@@ -28,9 +28,8 @@ from attention_course.grading.compare import (
     row_name,
     rows_sum_problem,
     tensor_problem,
-    tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Part, pair_problem, preamble, randn, with_concepts
 
 PREAMBLE = preamble()
 
@@ -43,14 +42,6 @@ def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> t
 def _scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Reference dot-product scores ``(..., m, n)`` in float64."""
     return torch.matmul(query.to(torch.float64), keys.to(torch.float64).transpose(-2, -1))
-
-
-def _pair_problem(output: Any, out_shape: torch.Size, weights_shape: torch.Size) -> str | None:
-    return first_problem(
-        lambda: tuple_problem(output, "output", "weights"),
-        lambda: tensor_problem(output[0], "your output", out_shape),
-        lambda: tensor_problem(output[1], "your weights", weights_shape),
-    )
 
 
 # --- part 1: the hard lookup -----------------------------------------------------------------------------
@@ -138,7 +129,7 @@ def _verify_soft(case: Case, output: Any) -> str | None:
         return None
 
     return first_problem(
-        lambda: _pair_problem(output, expected_out.shape, expected_w.shape),
+        lambda: pair_problem(output, expected_out.shape, expected_w.shape),
         finite,
         lambda: non_negative_problem(output[1]),
         lambda: rows_sum_problem(output[1]),
@@ -245,7 +236,7 @@ def _verify_limit(case: Case, output: Any) -> str | None:
         return problem
 
     return first_problem(
-        lambda: _pair_problem(output, expected_out.shape, expected_w.shape),
+        lambda: pair_problem(output, expected_out.shape, expected_w.shape),
         lambda: finite_problem(output[1], "your weights") or finite_problem(output[0], "your output"),
         lambda: non_negative_problem(output[1]),
         lambda: rows_sum_problem(output[1]),
