@@ -235,6 +235,21 @@ def one_hot_of_first_max(scores):
         out.append(joined)
     return tuple(out)""",
     }),
+    # the loss from log_softmax + gather with a padding mask (float64), the cached step in einsum
+    Learner("ex13_gather_and_a_padding_mask", "ex13_decoder_only_language_models", answers={
+        "next_token_loss": """\
+    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, L-1, V)
+    targets = tokens[:, 1:]
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, L-1)
+    real = targets != pad_id
+    return (-(picked * real).sum() / real.sum()).to(logits.dtype)""",
+        "cached_attention_step": """\
+    q, k, v = (torch.einsum("bld,de->ble", x_new, w) for w in (w_q, w_k, w_v))
+    keys = k if past_keys is None else torch.cat([past_keys, k], dim=1)
+    values = v if past_values is None else torch.cat([past_values, v], dim=1)
+    scores = torch.einsum("bqd,bkd->bqk", q, keys) / q.shape[-1] ** 0.5
+    return torch.einsum("bqk,bkd->bqd", scores.softmax(dim=-1), values), keys, values""",
+    }),
     Learner("bug_hunt_float64", BUG_HUNT, answers={
         "layer_norm": """\
     x64 = x.double()

@@ -230,7 +230,7 @@ def _solution_lines(path: Path) -> dict[str, list[str]]:
 
 
 # Exercises whose parts all have a concept and an approach hint (newer ones may start with one tier).
-TWO_TIERS = {"ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "bug_hunt"}
+TWO_TIERS = {"ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "ex13", "bug_hunt"}
 
 
 def _squash(text: str) -> str:
