@@ -1,0 +1,299 @@
+"""Exercise 15, attention at inference scale: the checks behind ``exercises/ex15_attention_at_inference_scale.ipynb``.
+
+The learner writes chapter 15's three pieces: grouped-query attention (query heads in consecutive groups
+sharing one key/value head), the causal sliding-window mask, and the gradients of one tile of
+FlashAttention's backward pass (weights rebuilt from the saved row log-sum-exp, the correction term ``D``).
+
+References are computed in the checking process in float64: PyTorch's
+``F.scaled_dot_product_attention(..., enable_gqa=True)``, the mask by its definition ``0 <= i - j < w``, and
+the tile's gradients by the backward formulas, which a test case with one tile checks against autograd.
+The messages recognise the usual mistakes: ``repeat`` instead of ``repeat_interleave``, no ``1/sqrt(d)``, a
+window one too wide or too narrow, a symmetric window, weights normalised within the tile, a missing ``D``,
+a missing scale on ``dQ`` and ``dK``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    f64,
+    finite_problem,
+    first_problem,
+    tensor_problem,
+    tuple_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
+
+PREAMBLE = preamble()
+
+
+# --- part 1: grouped-query attention ------------------------------------------------------------------------
+def _gqa_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, q_heads: int, kv_heads: int, q_len: int, k_len: int, d: int,
+             mask: torch.Tensor | None = None) -> Case:
+        args = (randn(g, batch, q_heads, q_len, d), randn(g, batch, kv_heads, k_len, d),
+                randn(g, batch, kv_heads, k_len, d))
+        return Case(name, args, {} if mask is None else {"mask": mask})
+
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    padding = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    padding[1, ..., 5:] = False  # the second sequence's last two keys are padding
+    return [
+        case("4 query heads, 2 KV heads, batch 2, 5 queries and 5 keys, d = 8", 2, 4, 2, 5, 5, 8),
+        case("8 query heads, 2 KV heads (groups of 4), 3 queries, 6 keys", 1, 8, 2, 3, 6, 4),
+        case("6 query heads, 3 KV heads, causal mask (6, 6)", 2, 6, 3, 6, 6, 8, causal),
+        case("4 query heads, 2 KV heads, padding mask (2, 1, 1, 7)", 2, 4, 2, 4, 7, 4, padding),
+        case("multi-query: 4 query heads, 1 KV head", 2, 4, 1, 5, 5, 8),
+        case("multi-head: 3 query heads, 3 KV heads", 1, 3, 3, 4, 4, 8),
+    ]
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    scores = query @ key.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    return torch.softmax(scores, dim=-1) @ value
+
+
+def _repeated(tensor: torch.Tensor, group: int) -> torch.Tensor:  # the wrong order: heads 0, 1, 0, 1, ...
+    return tensor.repeat(1, group, 1, 1)
+
+
+_GQA_MISTAKES = (
+    Mistake(lambda q, k, v, m, g: _attend(q, _repeated(k, g), _repeated(v, g), m, q.size(-1) ** -0.5),
+            "your query heads read the wrong key/value heads: groups are consecutive, query head h reads KV "
+            "head h // G (copy each KV head G times in a row, as repeat_interleave does; repeat gives the "
+            "order 0, 1, 0, 1, ...)"),
+    Mistake(lambda q, k, v, m, g: _attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), m, 1.0),
+            "divide the scores by sqrt(d)"),
+    Mistake(lambda q, k, v, m, g: _attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), None,
+                                          q.size(-1) ** -0.5) if m is not None else None,
+            "your output ignores the mask: masked keys (False) must get zero weight"),
+)
+
+
+def _verify_gqa(case: Case, output: Any) -> str | None:
+    query, key, value = (f64(t) for t in case.args)
+    mask = case.kwargs.get("mask")
+    group = query.size(1) // key.size(1)
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
+
+    def value_problem() -> str | None:
+        problem = close_problem(output, expected, "your output",
+                                "F.scaled_dot_product_attention(..., enable_gqa=True)")
+        if problem is None:
+            return None
+        return diagnose(_GQA_MISTAKES, output, query, key, value, mask, group) or problem
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", expected.shape),
+        lambda: finite_problem(output, "your output"),
+        value_problem,
+    )
+
+
+# --- part 2: the sliding-window mask ------------------------------------------------------------------------
+def _window_cases(g: torch.Generator) -> list[Case]:
+    def start(high: int) -> int:
+        return int(torch.randint(0, high, (1,), generator=g))
+
+    t = 3 + start(20)  # a decoding step at a random position
+    r = 6 + start(30)  # a rolling cache of 5 positions at a random point of a long sequence
+    square = torch.arange(6)
+    return [
+        Case("square: positions 0..5, window 3", (square, square, 3)),
+        Case("one query at position t (a decoding step), keys 0..t, window 4",
+             (torch.tensor([t]), torch.arange(t + 1), 4)),
+        Case("3 new queries after a rolling cache of 5 positions, window 5",
+             (torch.arange(r, r + 3), torch.arange(r - 5, r + 3), 5)),
+        Case("window 1: each query sees only itself", (torch.arange(5), torch.arange(5), 1)),
+        Case("length 7, window 5", (torch.arange(7), torch.arange(7), 5)),
+        Case("keys in shuffled order, window 3",
+             (torch.arange(6), torch.randperm(6, generator=g), 3)),
+        Case("window longer than the sequence: the causal mask", (torch.arange(4), torch.arange(4), 10)),
+    ]
+
+
+def _window(query_positions: torch.Tensor, key_positions: torch.Tensor, low: int, high: int,
+            symmetric: bool = False) -> torch.Tensor:
+    offset = query_positions[:, None] - key_positions[None, :]
+    if symmetric:
+        offset = offset.abs()
+    return (offset >= low) & (offset < high)
+
+
+def _verify_window(case: Case, output: Any) -> str | None:
+    query_positions, key_positions, window = case.args
+    expected = _window(query_positions, key_positions, 0, window)
+
+    def values() -> str | None:
+        if torch.equal(output, expected):
+            return None
+        wrong = {
+            "your window is one too wide: query i must see keys i - w + 1 .. i (w keys, itself included), "
+            "that is 0 <= i - j < w": _window(query_positions, key_positions, 0, window + 1),
+            "your window is one too narrow: each query sees w keys, itself included (0 <= i - j < w)":
+                _window(query_positions, key_positions, 0, window - 1),
+            "your mask lets queries see the future: the window is causal, 0 <= i - j (keys j > i are hidden)":
+                _window(query_positions, key_positions, 0, window, symmetric=True),
+            "your mask is the complement: True must mean 'may attend'": ~expected,
+        }
+        for message, variant in wrong.items():
+            if torch.equal(output, variant):
+                return message
+        row, col = (int(x) for x in (output != expected).nonzero()[0])
+        i, j = int(query_positions[row]), int(key_positions[col])
+        return (f"entry ({row}, {col}) (query position {i}, key position {j}) should be "
+                f"{bool(expected[row, col])}: i - j = {i - j}, window {window}")
+
+    def boolean() -> str | None:
+        return None if output.dtype == torch.bool else f"the mask must be a bool tensor, got dtype {output.dtype}"
+
+    return first_problem(
+        lambda: tensor_problem(output, "your mask", expected.shape, floating=False),
+        boolean,
+        values,
+    )
+
+
+# --- part 3: one tile of the FlashAttention backward pass ---------------------------------------------------
+def _tile_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, lead: tuple[int, ...], n_q: int, n_k: int, d: int, rows: slice, cols: slice) -> Case:
+        q, k, v = (randn(g, *lead, n, d, dtype=torch.float64) for n in (n_q, n_k, n_k))
+        grad_out = randn(g, *lead, n_q, d, dtype=torch.float64)
+        scale = 1 / math.sqrt(d)
+        scores = q @ k.transpose(-2, -1) * scale
+        lse = torch.logsumexp(scores, dim=-1)  # over ALL keys: the tile sees only some of them
+        out = torch.softmax(scores, dim=-1) @ v
+        delta = (grad_out * out).sum(-1)
+        args = (q[..., rows, :], k[..., cols, :], v[..., cols, :], grad_out[..., rows, :], lse[..., rows],
+                delta[..., rows], scale)
+        return Case(name, args, data={"full": (q, k, v, grad_out)} if rows == cols == slice(None) else {})
+
+    return [
+        case("one tile is the whole problem: 5 queries, 5 keys, d = 4 (checked against autograd)", (), 5, 5, 4,
+             slice(None), slice(None)),
+        case("queries 0-3 and keys 4-7 of 8 queries and 12 keys, d = 8", (), 8, 12, 8, slice(0, 4), slice(4, 8)),
+        case("queries 4-6 and keys 0-4 of 7 queries and 9 keys, d = 4", (), 7, 9, 4, slice(4, 7), slice(0, 5)),
+        case("leading dims (2, 3): queries 2-4, keys 3-5 of 6 and 6", (2, 3), 6, 6, 4, slice(2, 5), slice(3, 6)),
+    ]
+
+
+def _tile_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                delta: torch.Tensor, scale: float, *, normalise: bool = False, use_delta: bool = True,
+                scale_grads: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scores = q @ k.transpose(-2, -1) * scale
+    weights = torch.softmax(scores, -1) if normalise else torch.exp(scores - lse[..., None])
+    grad_v = weights.transpose(-2, -1) @ grad_out
+    grad_weights = grad_out @ v.transpose(-2, -1)
+    grad_scores = weights * (grad_weights - delta[..., None]) if use_delta else weights * grad_weights
+    factor = scale if scale_grads else 1.0
+    return factor * grad_scores @ k, factor * grad_scores.transpose(-2, -1) @ q, grad_v
+
+
+_TILE_MISTAKES = (
+    Mistake(lambda *a: _tile_grads(*a, normalise=True),
+            "your weights are normalised within the tile: the tile holds only some of each row's keys, so "
+            "rebuild them as exp(S - lse) with the saved log-sum-exp of the whole row"),
+    Mistake(lambda *a: _tile_grads(*a, use_delta=False),
+            "your dS is P * dP: the softmax's backward pass subtracts D from dP first, dS = P * (dP - D)"),
+    Mistake(lambda *a: _tile_grads(*a, scale_grads=False),
+            "the scores were multiplied by scale, so dQ and dK carry the factor scale as well"),
+)
+
+
+def _verify_tile(case: Case, output: Any) -> str | None:
+    q, k, v, grad_out, lse, delta, scale = case.args
+    expected = _tile_grads(q, k, v, grad_out, lse, delta, scale)
+    if "full" in case.data:  # one tile covers everything: the formulas must give autograd's gradients
+        full = [t.clone().requires_grad_() for t in case.data["full"][:3]]
+        out = torch.softmax(full[0] @ full[1].transpose(-2, -1) * scale, -1) @ full[2]
+        out.backward(case.data["full"][3])
+        if not all(torch.allclose(a, b.grad) for a, b in zip(expected, full)):  # pragma: no cover
+            return "internal error: the reference gradients disagree with autograd; please report it"
+    names = ("grad_query", "grad_key", "grad_value")
+
+    def each(index: int) -> str | None:
+        return first_problem(
+            lambda: tensor_problem(output[index], f"your {names[index]}", expected[index].shape),
+            lambda: finite_problem(output[index], f"your {names[index]}"),
+        )
+
+    def values() -> str | None:
+        for index, name in enumerate(names):
+            problem = close_problem(output[index], expected[index], f"your {name}",
+                                    "the backward formulas for this tile", atol=1e-6, rtol=1e-5)
+            if problem:
+                scale = case.args[-1]
+                if index < 2 and torch.allclose(f64(output[index]) * scale, expected[index], atol=1e-6, rtol=1e-5):
+                    return (f"your {name} lacks the factor scale: the scores were multiplied by scale, so dQ and "
+                            "dK carry it as well")
+                return diagnose(_TILE_MISTAKES, output, *case.args) or problem
+        return None
+
+    return first_problem(
+        lambda: tuple_problem(output, *names),
+        lambda: each(0), lambda: each(1), lambda: each(2),
+        values,
+    )
+
+
+EXERCISE = Exercise(
+    id="ex15",
+    title="Attention at inference scale",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="grouped_query_attention",
+            points=3,
+            summary="attention where each key/value head serves a group of consecutive query heads",
+            hint="G = H / H_kv. Copy each key and value head G times in a row along the head dimension "
+                 "(torch.repeat_interleave), so that query heads 0..G-1 meet KV head 0; then ordinary scaled "
+                 "dot-product attention with the mask (masked_fill of the scores with -inf where it is False).",
+            make_cases=_gqa_cases,
+            verify=_verify_gqa,
+        ),
+        Part(
+            name="sliding_window_mask",
+            points=2,
+            summary="a (Lq, Lk) bool mask, True where 0 <= i - j < window for positions i and j",
+            hint="Build all the offsets i - j at once by broadcasting: the query positions as a column minus "
+                 "the key positions as a row. Then combine two comparisons with &.",
+            make_cases=_window_cases,
+            verify=_verify_window,
+        ),
+        Part(
+            name="flash_backward_tile",
+            points=3,
+            summary="the gradients of one (query block, key block) tile, from the saved log-sum-exp and D",
+            hint="Recompute the tile's scores S = scale * Q Kᵀ and its weights P = exp(S - lse) (lse has one entry "
+                 "per query row; add a last dimension to subtract it). Then dV = Pᵀ dO, dP = dO Vᵀ, "
+                 "dS = P * (dP - D), dQ = scale * dS K, dK = scale * dSᵀ Q. Transpose the last two "
+                 "dimensions only, so that leading dimensions work.",
+            make_cases=_tile_cases,
+            verify=_verify_tile,
+        ),
+    ),
+)
+
+EXERCISE = with_concepts(EXERCISE, {
+    "grouped_query_attention": (
+        "Grouped-query attention has fewer key/value heads than query heads; each key/value head is shared by a "
+        "group of consecutive query heads, which shrinks the KV cache."
+    ),
+    "sliding_window_mask": (
+        "In sliding-window attention each query sees itself and the window - 1 positions before it, nothing "
+        "older and nothing later."
+    ),
+    "flash_backward_tile": (
+        "FlashAttention's backward pass keeps no weights: each tile rebuilds them from the row's log-sum-exp, "
+        "and the softmax's correction D = rowsum(dO * O) comes from the stored output."
+    ),
+})
