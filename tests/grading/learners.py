@@ -250,6 +250,31 @@ def one_hot_of_first_max(scores):
     scores = torch.einsum("bqd,bkd->bqk", q, keys) / q.shape[-1] ** 0.5
     return torch.einsum("bqk,bkd->bqd", scores.softmax(dim=-1), values), keys, values""",
     }),
+    # rotary as complex multiplication, the query turned back instead of the key forward, slopes by loop
+    Learner("ex14_complex_numbers_and_loops", "ex14_positions_for_long_contexts", answers={
+        "rotate_pairs": """\
+    if x.shape[-1] % 2:
+        raise ValueError(f"odd feature size {x.shape[-1]}")
+    pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2).contiguous())
+    freqs = torch.tensor([base ** (-2 * i / x.shape[-1]) for i in range(x.shape[-1] // 2)],
+                         dtype=torch.float64)
+    turn = torch.polar(torch.ones(len(positions), len(freqs), dtype=torch.float64),
+                       positions.double()[:, None] * freqs)
+    return torch.view_as_real(pairs * turn).flatten(-2).to(x.dtype)""",
+        "score_at_offset": """\
+    back = rotate_pairs(q, torch.full((q.shape[0],), -offset), base)  # q R_(-offset)^T
+    return torch.einsum("nd,nd->n", back, k)""",
+        "add_alibi": """\
+    n = 1
+    while 2 * n <= num_heads:
+        n *= 2
+    slopes = [2 ** (-8 * h / n) for h in range(1, n + 1)]
+    h = 1
+    while len(slopes) < num_heads:
+        slopes.append(2 ** (-8 * h / (2 * n)))
+        h += 2
+    return torch.tensor(slopes, dtype=torch.float64)""",
+    }),
     Learner("bug_hunt_float64", BUG_HUNT, answers={
         "layer_norm": """\
     x64 = x.double()

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
 EX02 = "ex02_hard_and_soft_attention"
 BUG_HUNT = "ex_bug_hunt"
+EX14 = "ex14_positions_for_long_contexts"
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,37 @@ MUTANTS = [
            "grad_weights - delta.unsqueeze(-1)", "grad_weights"),
     Mutant("tile_grads_unscaled", "ex15_attention_at_inference_scale", "flash_backward_tile",
            "grad_query = grad_scores @ key * scale", "grad_query = grad_scores @ key"),
+    # --- ex14 (notebook ex14_positions_for_long_contexts) ------------------------------------------------
+    Mutant("rotary_frequencies_reversed", EX14, "rotate_pairs",
+           "frequencies = base ** (-two_i / d)", "frequencies = (base ** (-two_i / d)).flip(0)"),
+    Mutant("rotary_exponent_without_2", EX14, "rotate_pairs",
+           "two_i = torch.arange(0, d, 2, dtype=torch.float64)",
+           "two_i = torch.arange(d // 2, dtype=torch.float64)"),
+    Mutant("rotary_rotate_half_pairing", EX14, "rotate_pairs",
+           "even, odd = x[..., 0::2], x[..., 1::2]  # (..., L, d/2) each\n"
+           "    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)\n"
+           "    return rotated.flatten(-2)",
+           "even, odd = x[..., : d // 2], x[..., d // 2:]\n"
+           "    return torch.cat((even * cos - odd * sin, even * sin + odd * cos), dim=-1)"),
+    Mutant("rotary_wrong_direction", EX14, "rotate_pairs",
+           "cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)",
+           "cos, sin = angles.cos().to(x.dtype), -angles.sin().to(x.dtype)"),
+    Mutant("rotary_ignores_positions", EX14, "rotate_pairs",
+           "angles = positions.to(torch.float64)[:, None]",
+           "angles = torch.arange(x.size(-2), dtype=torch.float64)[:, None]"),
+    Mutant("offset_rotates_query", EX14, "score_at_offset",
+           "return (q * moved).sum(dim=-1)",
+           "return (rotate_pairs(q, torch.full((q.size(0),), offset), base) * k).sum(dim=-1)"),
+    Mutant("alibi_slopes_reversed", EX14, "add_alibi",
+           "return torch.tensor(slopes)", "return torch.tensor(slopes).flip(0)"),
+    Mutant("alibi_slopes_power_of_two_formula_for_any_count", EX14, "add_alibi",
+           "slopes = geometric(n) + geometric(2 * n)[0::2][: num_heads - n]", "slopes = geometric(num_heads)"),
+    Mutant("alibi_bias_not_aligned_with_last_keys", EX14, "add_alibi",
+           "query_at = torch.arange(length_q) + (length_k - length_q)", "query_at = torch.arange(length_q)"),
+    Mutant("alibi_bias_signed_distance", EX14, "add_alibi",
+           "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])"),
+    Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
+           "return scores - slopes[:, None, None] * distance", "return scores + slopes[:, None, None] * distance"),
     # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
     Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),

@@ -1,0 +1,295 @@
+"""Exercise 14, positions for long contexts: the checks behind ``exercises/ex14_positions_for_long_contexts.ipynb``.
+
+The learner writes chapter 14's two position schemes: the rotary embedding (rotate every pair of features
+``(2i, 2i+1)`` by ``position · base^(-2i/d)``), the score of a rotated query and key as a function of their
+offset alone (the relative-position property), and ALiBi: its slopes (the paper's rule included) and its bias
+added to the scores.
+
+References come from the library (:func:`attention_course.apply_rotary`, :func:`attention_course.alibi_slopes`,
+:func:`attention_course.alibi_bias`) in float64, and from properties (a rotation keeps lengths; the score at an
+offset does not depend on where the pair sits). The specific messages recognise the usual mistakes: the
+frequencies in reverse order, ``base^(-i/d)`` instead of ``base^(-2i/d)``, the first half rotated against the
+second half, a rotation the wrong way, the query rotated instead of the key, ALiBi slopes reversed or taken
+from the power-of-two formula for any head count, a bias with the wrong sign or not aligned with the last keys.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from attention_course.alibi import alibi_bias as reference_bias
+from attention_course.alibi import alibi_slopes as reference_slopes
+from attention_course.grading.compare import (
+    close_problem,
+    f64,
+    first_problem,
+    matches,
+    tensor_problem,
+    value_error_problem,
+)
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_expecting_error,
+    diagnose,
+    preamble,
+    randn,
+    with_concepts,
+)
+from attention_course.rotary import apply_rotary as reference_rotary
+
+PREAMBLE = preamble()
+
+
+# --- variants of the rotary embedding that learners write by mistake -----------------------------------------
+def _rotate(x: torch.Tensor, positions: torch.Tensor, frequencies: torch.Tensor, direction: float = 1.0,
+            halves: bool = False) -> torch.Tensor:
+    """Rotate pairs of ``x`` (float64) by ``positions * frequencies``; ``halves`` pairs i with i + d/2."""
+    angles = positions.to(torch.float64)[..., None] * frequencies  # (L, d/2)
+    cos, sin = angles.cos(), direction * angles.sin()
+    x = f64(x)
+    if halves:
+        first, second = x[..., : x.size(-1) // 2], x[..., x.size(-1) // 2:]
+        return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def _frequencies(d: int, base: float, exponent: float = 2.0) -> torch.Tensor:
+    return float(base) ** (-exponent * torch.arange(d // 2, dtype=torch.float64) / d)
+
+
+ROTARY_MISTAKES = (
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base).flip(0)),
+            "your frequencies are in reverse order: pair i must turn at base^(-2i/d), so the first pair "
+            "(features 0 and 1) is the fastest (1 radian per position) and the last the slowest"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base, exponent=1.0)),
+            "pair i turns at base^(-2i/d): your exponent is -i/d (the 2 is missing)"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base), halves=True),
+            "you rotated feature i with feature i + d/2 (the GPT-NeoX convention); this exercise, like "
+            "chapter 14 and RoFormer, rotates neighbouring features: pairs (0, 1), (2, 3), ..."),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base), direction=-1.0),
+            "you rotate the wrong way (by minus the angle): the new even feature is x_even cos - x_odd sin, "
+            "the new odd feature x_even sin + x_odd cos"),
+    Mistake(lambda x, p, base: _rotate(x, torch.arange(x.size(-2)), _frequencies(x.size(-1), base)),
+            "you rotated row l by the angle of position l: use the positions argument (row l sits at "
+            "positions[l])"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), 10000.0)),
+            "you ignored the base argument (the frequencies are base^(-2i/d))"),
+)
+
+
+# --- part 1: the rotary embedding ----------------------------------------------------------------------------
+def _rotary_cases(g: torch.Generator) -> list[Case]:
+    def positions(length: int, start: int = 0) -> torch.Tensor:
+        return torch.arange(start, start + length)
+
+    scattered = torch.randperm(40, generator=g)[:5]
+    return [
+        Case("x (6, 8) at positions 0..5", (randn(g, 6, 8), positions(6))),
+        Case("heads: x (2, 3, 5, 16) at positions 100..104", (randn(g, 2, 3, 5, 16), positions(5, 100))),
+        Case("base 100, x (4, 6)", (randn(g, 4, 6), positions(4)), {"base": 100.0}),
+        Case("positions not in order: 5 rows at scattered positions below 40", (randn(g, 5, 8), scattered)),
+        Case("float64 input, d = 2 (a single pair), positions 0..6",
+             (randn(g, 7, 2, dtype=torch.float64), positions(7))),
+        Case("an odd feature size (d = 5) raises a ValueError", (randn(g, 3, 5), positions(3)),
+             data={"error": True}),
+    ]
+
+
+def _verify_rotary(case: Case, output: Any) -> str | None:
+    x, positions = case.args
+    base = case.kwargs.get("base", 10000.0)
+    if case.data.get("error"):
+        return value_error_problem(output, (x.size(-1),), f"d = {x.size(-1)} is odd (features are rotated in "
+                                   "pairs); name the feature size in the message")
+    expected = reference_rotary(f64(x), positions, base=base)
+
+    def values() -> str | None:
+        problem = close_problem(output, expected, "your rotated x", "the rotary embedding", atol=1e-5, rtol=1e-4)
+        if problem is None:
+            return None
+        known = diagnose(ROTARY_MISTAKES, output, x, positions, base)
+        if known:
+            return known
+        if not torch.allclose(f64(output).norm(dim=-1), f64(x).norm(dim=-1), atol=1e-4, rtol=1e-4):
+            return problem + " (a rotation keeps the length of every row; yours changes it)"
+        return problem
+
+    return first_problem(
+        lambda: tensor_problem(output, "your rotated x", x.shape),
+        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (as x), got {output.dtype}",
+        values,
+    )
+
+
+# --- part 2: the score at an offset --------------------------------------------------------------------------
+def _offset_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("8 query/key pairs, d = 8, offset 3", (randn(g, 8, 8), randn(g, 8, 8), 3)),
+        Case("offset -5 (the key 5 positions before the query), d = 16",
+             (randn(g, 6, 16), randn(g, 6, 16), -5)),
+        Case("offset 0: the plain dot product", (randn(g, 4, 8), randn(g, 4, 8), 0)),
+        Case("offset 200, base 500, d = 4", (randn(g, 5, 4), randn(g, 5, 4), 200), {"base": 500.0}),
+    ]
+
+
+def _verify_offset(case: Case, output: Any) -> str | None:
+    q, k, offset = (f64(case.args[0]), f64(case.args[1]), case.args[2])
+    base = case.kwargs.get("base", 10000.0)
+    n = q.size(0)
+    # The definition: the query at some position p, the key at p + offset; any p gives the same scores.
+    p = torch.full((n,), 1000)
+    expected = (reference_rotary(q, p, base) * reference_rotary(k, p + offset, base)).sum(-1)  # (n,)
+
+    def values() -> str | None:
+        problem = close_problem(output, expected, "your score vector", "the rotated query and key's dot product",
+                                atol=1e-5, rtol=1e-4)
+        if problem is None:
+            return None
+        backwards = (reference_rotary(q, p + offset, base) * reference_rotary(k, p, base)).sum(-1)
+        if offset != 0 and matches(output, backwards):
+            return (f"your scores are those of offset {-offset}: with the query at p and the key at p + offset, "
+                    "the score is q R_offset k^T, i.e. the query against the key rotated by the offset (rotating "
+                    "the query by the offset turns it the other way)")
+        unrotated = (q * k).sum(-1)
+        if offset != 0 and matches(output, unrotated):
+            return "your scores ignore the offset: the key must be rotated by it"
+        return problem
+
+    return first_problem(lambda: tensor_problem(output, "your scores", (n,)), values)
+
+
+# --- part 3: ALiBi's slopes and bias, added to the scores ---------------------------------------------------
+def _alibi_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("scores (2, 8, 5, 5): 8 heads, self-attention", (randn(g, 2, 8, 5, 5),)),
+        Case("scores (1, 4, 1, 7): one query (the newest token), 7 keys", (randn(g, 1, 4, 1, 7),)),
+        Case("scores (2, 2, 3, 6): the last 3 positions query 6 keys", (randn(g, 2, 2, 3, 6),)),
+        Case("scores (1, 6, 4, 4): 6 heads (not a power of two)", (randn(g, 1, 6, 4, 4),)),
+        Case("scores (1, 12, 3, 3): 12 heads (not a power of two)", (randn(g, 1, 12, 3, 3),)),
+        Case("scores (3, 1, 4, 4): a single head", (randn(g, 3, 1, 4, 4),)),
+    ]
+
+
+def _geometric(heads: int, first: int = 1) -> torch.Tensor:
+    return torch.tensor([2.0 ** (-8.0 * h / heads) for h in range(first, first + heads)], dtype=torch.float64)
+
+
+def _bias(slopes: torch.Tensor, length_q: int, length_k: int, aligned: bool = True, absolute: bool = True,
+          sign: float = -1.0) -> torch.Tensor:
+    query_at = torch.arange(length_q)[:, None] + ((length_k - length_q) if aligned else 0)
+    distance = (query_at - torch.arange(length_k)[None, :]).double()
+    if absolute:
+        distance = distance.abs()
+    return sign * slopes.double()[:, None, None] * distance  # (H, Lq, Lk)
+
+
+def _alibi_variants(heads: int, length_q: int, length_k: int) -> list[tuple[torch.Tensor | None, str]]:
+    right = reference_slopes(heads).double()
+    closest = 2 ** math.floor(math.log2(heads))
+    power_of_two = heads == closest
+    return [
+        (_bias(right, length_q, length_k, sign=1.0),
+         "your bias has the wrong sign: it must lower the scores of distant keys, scores - m_h |i - j|"),
+        (_bias(right.flip(0), length_q, length_k),
+         "your slopes are in reverse order: head 1 gets the steepest slope, 2^(-8/H), and the last head the "
+         "gentlest, 2^(-8)"),
+        (_bias(_geometric(heads, first=0), length_q, length_k),
+         "your slopes start at 2^0 = 1: the exponents are -8h/H for h = 1 .. H, not 0 .. H-1"),
+        (None if power_of_two else _bias(_geometric(heads), length_q, length_k),
+         f"{heads} is not a power of two: the paper takes all slopes of n = {closest} heads, then every other "
+         f"slope (the 1st, 3rd, ...) of the sequence for 2n = {2 * closest} heads until there are {heads}"),
+        (None if power_of_two else _bias(reference_slopes(2 * closest)[:heads], length_q, length_k),
+         "for a head count that is not a power of two, the extra slopes are every other slope of the "
+         "sequence for 2n heads (the 1st, 3rd, 5th, ...), after all n slopes of the sequence for n heads"),
+        (_bias(right, length_q, length_k, absolute=False),
+         "use the distance |i - j|: keys after the query (j > i) must get a penalty too (a causal mask "
+         "removes them separately when the model needs one)"),
+        (_bias(right, length_q, length_k, aligned=False),
+         "the queries are the newest positions: query i sits at position i + Lk - Lq (with one query and 7 "
+         "keys, the query is position 6)"),
+    ]
+
+
+def _verify_alibi(case: Case, output: Any) -> str | None:
+    scores = f64(case.args[0])
+    _, heads, length_q, length_k = scores.shape
+    expected = scores + reference_bias(heads, length_q, length_k).double()
+
+    def values() -> str | None:
+        if matches(output, expected, atol=1e-5, rtol=1e-5):
+            return None
+        if matches(output, scores, atol=1e-6, rtol=1e-6):
+            return "your scores came back unchanged: add each head's bias -m_h |i - j|"
+        for bias, message in _alibi_variants(heads, length_q, length_k):
+            if bias is not None and not torch.allclose(bias, expected - scores) and matches(output, scores + bias,
+                                                                                           atol=1e-5, rtol=1e-5):
+                return message
+        return close_problem(output, expected, "your biased scores", "scores - m_h |i - j|", atol=1e-5, rtol=1e-5)
+
+    return first_problem(lambda: tensor_problem(output, "your biased scores", scores.shape), values)
+
+
+EXERCISE = Exercise(
+    id="ex14",
+    title="Positions for long contexts",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="rotate_pairs",
+            points=3,
+            summary="the rotary embedding: pair (2i, 2i+1) of each row turned by position * base^(-2i/d)",
+            hint="Build the d/2 frequencies and the (L, d/2) table of angles positions[l] * frequency[i]. Take the "
+                 "even and the odd features as two (..., L, d/2) tensors, apply the two rotation formulas, and "
+                 "interleave the results again (stack on a new last dimension, then flatten it). Raise the "
+                 "ValueError before anything else.",
+            make_cases=_rotary_cases,
+            verify=_verify_rotary,
+            run=call_expecting_error,
+        ),
+        Part(
+            name="score_at_offset",
+            points=2,
+            summary="the rotated score of a query and a key that sits offset positions later, from contents only",
+            hint="Rotating the query by p and the key by p + offset gives the same score as leaving the query "
+                 "as it is and rotating the key by the offset alone. Your rotate_pairs from part 1 can do the "
+                 "rotation; the score of each pair of rows is a sum over features.",
+            make_cases=_offset_cases,
+            verify=_verify_offset,
+        ),
+        Part(
+            name="add_alibi",
+            points=4,
+            summary="ALiBi: each head's slopes (the paper's rule included) times -|i - j|, added to the scores",
+            hint="Slopes: for n heads, n a power of two, slope h is 2^(-8h/n), h = 1 .. n; otherwise take all n "
+                 "slopes of the largest power of two n below the head count, then the slopes of 2n heads at odd "
+                 "places (the 1st, 3rd, ...) until the count is reached. Bias: query i sits at position "
+                 "i + Lk - Lq, key j at j; make the (Lq, Lk) table of their distances and multiply it by minus "
+                 "each head's slope, broadcasting the slopes over a new pair of trailing dimensions.",
+            make_cases=_alibi_cases,
+            verify=_verify_alibi,
+        ),
+    ),
+)
+
+EXERCISE = with_concepts(EXERCISE, {
+    "rotate_pairs": (
+        "Chapter 07's sinusoidal table moves k positions by rotating each pair of features; rotary embeddings "
+        "apply that rotation, by each row's own position, to the queries and keys themselves."
+    ),
+    "score_at_offset": (
+        "Rotations are orthogonal and compose by adding angles: R_p^T R_s = R_(s-p). So a rotated score "
+        "depends on the two contents and the offset s - p, never on p itself."
+    ),
+    "add_alibi": (
+        "ALiBi adds to every score a penalty that grows linearly with the distance between query and key; "
+        "each head has its own fixed slope, and the slopes form a geometric sequence, so some heads look only "
+        "nearby and others far back."
+    ),
+})
