@@ -275,6 +275,28 @@ def one_hot_of_first_max(scores):
         h += 2
     return torch.tensor(slopes, dtype=torch.float64)""",
     }),
+    # ex15: query groups as a view (no copies) and einsum, the window as two comparisons, the tile in einsum
+    Learner("ex15_views_and_einsum", "ex15_attention_at_inference_scale", answers={
+        "grouped_query_attention": """\
+    b, h, lq, d = query.shape
+    h_kv = key.shape[1]
+    grouped = query.reshape(b, h_kv, h // h_kv, lq, d)  # (B, H_kv, G, Lq, d)
+    scores = torch.einsum("bgrld,bgkd->bgrlk", grouped, key).reshape(b, h, lq, -1) / math.sqrt(d)
+    if mask is not None:
+        scores = scores.masked_fill(mask.logical_not(), -math.inf)
+    weights = scores.softmax(dim=-1).reshape(b, h_kv, h // h_kv, lq, -1)
+    return torch.einsum("bgrlk,bgkd->bgrld", weights, value).reshape(b, h, lq, -1)""",
+        "sliding_window_mask": """\
+    not_future = query_positions.unsqueeze(1) >= key_positions.unsqueeze(0)
+    recent = query_positions.unsqueeze(1) - window < key_positions.unsqueeze(0)
+    return not_future & recent""",
+        "flash_backward_tile": """\
+    p = torch.exp(torch.einsum("...qd,...kd->...qk", query, key) * scale - lse[..., None])
+    ds = p * (torch.einsum("...qd,...kd->...qk", grad_output, value) - delta[..., None])
+    return (torch.einsum("...qk,...kd->...qd", ds, key) * scale,
+            torch.einsum("...qk,...qd->...kd", ds, query) * scale,
+            torch.einsum("...qk,...qd->...kd", p, grad_output))""",
+    }),
     Learner("bug_hunt_float64", BUG_HUNT, answers={
         "layer_norm": """\
     x64 = x.double()
