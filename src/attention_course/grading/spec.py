@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "preamble", "randn",
-           "with_concepts", "INPUTS_CHANGED"]
+__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
+           "preamble", "randn", "with_concepts", "INPUTS_CHANGED"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -124,6 +124,15 @@ def preamble(nn: bool = False, library: bool = False) -> str:
 def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A case input: standard normal numbers of ``shape`` drawn from ``g``, times ``scale``."""
     return torch.randn(*shape, generator=g, dtype=dtype) * scale
+
+
+def permutation(g: torch.Generator, n: int, inverse_differs: bool = False) -> torch.Tensor:
+    """A case input: a random permutation of ``n`` items from ``g`` that is not the identity (so reordering is
+    really tested); with ``inverse_differs``, not its own inverse either (so p and p⁻¹ cannot be confused)."""
+    while True:
+        perm = torch.randperm(n, generator=g)
+        if not torch.equal(perm[perm] if inverse_differs else perm, torch.arange(n)):
+            return perm
 
 
 def call_function(obj: Callable[..., Any], case: Case) -> Any:

@@ -32,20 +32,13 @@ from attention_course.grading.spec import (
     Part,
     call_function,
     pair_problem,
+    permutation,
     preamble,
     randn,
     with_concepts,
 )
 
 PREAMBLE = preamble()
-
-
-def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
-    """A random permutation of n >= 3 items that is not its own inverse (so p and p⁻¹ cannot be confused)."""
-    while True:
-        perm = torch.randperm(n, generator=g)
-        if not torch.equal(perm[perm], torch.arange(n)):
-            return perm
 
 
 # --- part 1: hard attention weights --------------------------------------------------------------------
@@ -178,7 +171,7 @@ def _self_attention_cases(g: torch.Generator) -> list[Case]:
              {"stability": True}),
         Case("a single token, X (1, 5)", (randn(g, 1, 5),), {"beta": 1.0}),
         Case("permuting the rows of X permutes the output", (permuted,), {"beta": 1.0},
-             {"perm": _permutation(g, 5)}),
+             {"perm": permutation(g, 5, inverse_differs=True)}),
     ]
 
 
@@ -256,7 +249,7 @@ def _add_positions(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
 
 def _equivariance_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, f: Any, t: int, d: int) -> Case:
-        return Case(name, (f, randn(g, t, d), _permutation(g, t)))
+        return Case(name, (f, randn(g, t, d), permutation(g, t, inverse_differs=True)))
 
     return [
         case("f = self-attention (equivariant)", _self_attention_map, 5, 3),
