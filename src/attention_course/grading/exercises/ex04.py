@@ -12,7 +12,6 @@ References are computed in float64 in the checking process with PyTorch (``torch
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -20,13 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.grading.compare import (
-    close_f64,
     close_problem,
     f64,
     finite_problem,
     first_problem,
     fmt,
     fmt_shape,
+    matches,
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
@@ -41,20 +40,13 @@ from attention_course.grading.spec import (
     call_expecting_error,
     call_function,
     diagnose,
+    permutation,
     preamble,
     randn,
     with_concepts,
 )
 
 PREAMBLE = preamble()
-
-
-def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
-    """A random permutation of n >= 2 items that is not the identity (so reordering is really tested)."""
-    while True:
-        perm = torch.randperm(n, generator=g)
-        if not torch.equal(perm, torch.arange(n)):
-            return perm
 
 
 def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
@@ -65,10 +57,6 @@ def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
         scale = 1.0 / math.sqrt(q.shape[-1])
     weights = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * scale, dim=-1)
     return torch.matmul(weights, v), weights
-
-
-# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
-_matches = functools.partial(close_f64, atol=1e-5, rtol=1e-4)
 
 
 _WEIGHT_MISTAKES = (
@@ -88,9 +76,9 @@ def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) 
     softmax over the queries. Silent when the weights are right (some cases cannot tell the mistakes apart,
     e.g. a single key)."""
     scores, d_k = torch.matmul(f64(q), f64(k).transpose(-2, -1)), q.shape[-1]
-    if _matches(weights, torch.softmax(scores / math.sqrt(d_k), dim=-1)):
+    if matches(weights, torch.softmax(scores / math.sqrt(d_k), dim=-1)):
         return None
-    return diagnose(_WEIGHT_MISTAKES, weights, scores, d_k, matches=_matches)
+    return diagnose(_WEIGHT_MISTAKES, weights, scores, d_k)
 
 
 # --- part 1: the three projections ---------------------------------------------------------------------
@@ -283,9 +271,9 @@ def _cross_cases(g: torch.Generator) -> list[Case]:
         case("decoder width 6, encoder width 10: W_Q (6, 4), W_K (10, 4), W_V (10, 3)", (), 4, 6, 6, 10, 4, 3),
         case("a batch: X_q (2, 5, 8), X_kv (2, 3, 8)", (2,), 5, 3, 8, 8, 8, 8),
         case("reordering the source tokens leaves every output unchanged", (), 4, 6, 5, 5, 3, 3,
-             data={"perm_kv": _permutation(g, 6)}),
+             data={"perm_kv": permutation(g, 6)}),
         case("reordering the target tokens reorders the outputs", (), 5, 4, 5, 5, 3, 3,
-             data={"perm_q": _permutation(g, 5)}),
+             data={"perm_q": permutation(g, 5)}),
     ]
 
 
