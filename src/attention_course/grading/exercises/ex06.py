@@ -15,7 +15,6 @@ projection, averaged weights, inverted masks and untransposed ``in_proj_weight``
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -23,12 +22,12 @@ import torch
 from torch import nn
 
 from attention_course.grading.compare import (
-    close_f64,
     close_problem,
     f64,
     finite_problem,
     first_problem,
     fmt_shape,
+    matches,
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
@@ -38,9 +37,11 @@ from attention_course.grading.compare import (
 from attention_course.grading.spec import (
     Case,
     Exercise,
+    Mistake,
     Part,
     call_expecting_error,
     call_function,
+    diagnose,
     preamble,
     randn,
     with_concepts,
@@ -50,10 +51,6 @@ from attention_course.multihead import MultiHeadAttention
 PREAMBLE = preamble(nn=True)
 
 PARAM_NAMES = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
-
-
-# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
-_matches = functools.partial(close_f64, atol=1e-5, rtol=1e-4)
 
 
 # --- part 1: split heads -------------------------------------------------------------------------------
@@ -73,22 +70,24 @@ def _expected_split(x: torch.Tensor, h: int) -> torch.Tensor:
     return x.reshape(B, L, h, d // h).transpose(1, 2)
 
 
+_SPLIT_MISTAKES = (  # (x (B, L, d), h) -> a wrong split, or None where it cannot be told apart
+    Mistake(lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1) if h > 1 and x.shape[1] > 1 else None,
+            "your split reshapes straight to (B, h, L, d_head), which scrambles heads and positions "
+            "(head 0 gets pieces of the first tokens only); reshape to (B, L, h, d_head) first, then "
+            "transpose(1, 2)"),
+    Mistake(lambda x, h: x.reshape(*x.shape[:2], -1, h).permute(0, 3, 1, 2) if h > 1 and x.shape[2] // h > 1
+            else None,
+            "your head 0 holds features 0, h, 2h, ...: split the last dimension as (h, d_head), so that "
+            "head i gets the consecutive features i*d_head .. (i+1)*d_head - 1"),
+)
+
+
 def _verify_split(case: Case, output: Any) -> str | None:
     x, h = case.args
     B, L, d = x.shape
     if case.data.get("error"):
         return value_error_problem(output, (d, h), f"d_model = {d} is not divisible by num_heads = {h}")
     expected = _expected_split(x, h)
-
-    def diagnosis() -> str | None:
-        if h > 1 and L > 1 and _matches(output, x.reshape(B, h, L, d // h)):
-            return ("your split reshapes straight to (B, h, L, d_head), which scrambles heads and positions "
-                    "(head 0 gets pieces of the first tokens only); reshape to (B, L, h, d_head) first, then "
-                    "transpose(1, 2)")
-        if h > 1 and d // h > 1 and _matches(output, x.reshape(B, L, d // h, h).permute(0, 3, 1, 2)):
-            return ("your head 0 holds features 0, h, 2h, ...: split the last dimension as (h, d_head), so that "
-                    "head i gets the consecutive features i*d_head .. (i+1)*d_head - 1")
-        return None
 
     def head_blocks() -> str | None:
         d_head = d // h
@@ -101,7 +100,7 @@ def _verify_split(case: Case, output: Any) -> str | None:
 
     return first_problem(
         lambda: tensor_problem(output, "your split", expected.shape),
-        diagnosis,
+        lambda: diagnose(_SPLIT_MISTAKES, output, x, h),
         head_blocks,
         lambda: close_problem(output, expected, "your split", "x.view(B, L, h, d_head).transpose(1, 2)"),
     )
@@ -122,16 +121,13 @@ def _verify_merge(case: Case, output: Any) -> str | None:
     (x,) = case.args
     B, h, L, d_head = x.shape
     expected = x.transpose(1, 2).reshape(B, L, h * d_head)
-
-    def diagnosis() -> str | None:
-        if h > 1 and L > 1 and _matches(output, x.reshape(B, L, h * d_head)):
-            return ("your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
-                    "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape")
-        return None
+    mistake = Mistake(lambda: x.reshape(B, L, h * d_head) if h > 1 and L > 1 else None,
+                      "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
+                      "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape")
 
     return first_problem(
         lambda: tensor_problem(output, "your merged tensor", expected.shape),
-        diagnosis,
+        lambda: diagnose((mistake,), output),
         lambda: close_problem(output, expected, "your merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),
     )
 
@@ -238,6 +234,22 @@ def _manual_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return merged @ p["W_o"] + p["b_o"] if project_output else merged
 
 
+# (query, key, value, params, h, mask) -> a wrong output, or None where it cannot be told apart
+_FORWARD_MISTAKES = (
+    Mistake(lambda q, k, v, p, h, mask: _manual_forward(q, k, v, p, h, 1 / math.sqrt(q.shape[-1]))
+            if mask is None and h > 1 else None,
+            lambda q, k, v, p, h, mask: f"your scores are divided by sqrt(d_model) = sqrt({q.shape[-1]}); each "
+            f"head's scores are dot products of d_head = {q.shape[-1] // h} features, so divide by sqrt(d_head) = "
+            f"sqrt({q.shape[-1] // h})"),
+    Mistake(lambda q, k, v, p, h, mask: _manual_forward(q, k, v, p, h, 1 / math.sqrt(q.shape[-1] // h),
+                                                        project_output=False) if mask is None else None,
+            "your output is the concatenated heads; finish with the output projection: @ W_o + b_o"),
+    Mistake(lambda q, k, v, p, h, mask: None if mask is None or bool(mask.all()) else
+            _library_forward(q, k, v, _torch_module(p, h), ~mask),
+            "you blocked the keys where the mask is True; in this course True means \"may attend\""),
+)
+
+
 def _verify_forward(case: Case, output: Any) -> str | None:
     query, key, value, params, h = case.args
     mask = case.kwargs["mask"]
@@ -260,18 +272,6 @@ def _verify_forward(case: Case, output: Any) -> str | None:
             return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head, "
                     f"shape {fmt_shape(expected_w.shape)}, not their average")
         return tensor_problem(weights, "your weights", expected_w.shape)
-
-    def diagnosis() -> str | None:
-        if mask is None and h > 1 and _matches(out, _manual_forward(query, key, value, params, h, 1 / math.sqrt(d))):
-            return (f"your scores are divided by sqrt(d_model) = sqrt({d}); each head's scores are dot products of "
-                    f"d_head = {d // h} features, so divide by sqrt(d_head) = sqrt({d // h})")
-        if mask is None and isinstance(out, torch.Tensor) and _matches(
-                out, _manual_forward(query, key, value, params, h, 1 / math.sqrt(d // h), project_output=False)):
-            return "your output is the concatenated heads; finish with the output projection: @ W_o + b_o"
-        if mask is not None and not bool(mask.all()) and _matches(
-                out, _library_forward(query, key, value, _torch_module(params, h), ~mask)):
-            return "you blocked the keys where the mask is True; in this course True means \"may attend\""
-        return None
 
     def gradient() -> str | None:
         grad = case_grad
@@ -305,7 +305,7 @@ def _verify_forward(case: Case, output: Any) -> str | None:
         lambda: finite_problem(weights, "your weights"),
         lambda: finite_problem(out, "your output"),
         lambda: non_negative_problem(weights),
-        diagnosis,
+        lambda: diagnose(_FORWARD_MISTAKES, out, *case.args, mask),
         lambda: rows_sum_problem(weights, skip_rows=no_key),
         gradient,
         lambda: close_problem(weights, expected_w, "your weights", f"the per-head weights of {reference}"),
@@ -375,13 +375,13 @@ def _verify_params(case: Case, output: Any) -> str | None:
             if name.startswith("b_") and not case.data["bias"]:
                 problem += " (the module has no biases: return torch.zeros(d_model))"
             return problem
-        if _matches(actual, want):
+        if matches(actual, want):
             continue
-        if name.startswith("W_") and _matches(actual, want.T):
+        if name.startswith("W_") and matches(actual, want.T):
             return (f"your {name} is the transpose of what the row convention needs: PyTorch stores Linear-style "
                     f"weights as (out, in), so W = block.T (Q = X @ W_q)")
         for other in PARAM_NAMES:
-            if other != name and other[0] == name[0] and _matches(actual, expected[other]):
+            if other != name and other[0] == name[0] and matches(actual, expected[other]):
                 return (f"your {name} holds {other}: in_proj_weight stacks the query, key and value blocks in the "
                         "order q, k, v (rows 0..d-1, d..2d-1, 2d..3d-1)")
         return close_problem(actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")
@@ -455,7 +455,7 @@ def _verify_torch(case: Case, output: Any) -> str | None:
                 names = [n for n, f in (("key_padding_mask", flip_kp), ("attn_mask", flip_am)) if f]
                 variants.append((" and ".join(names), allowed))
         for names, allowed in variants:
-            if _matches(out, _library_forward(query, key, value, _build_module(case), allowed)):
+            if matches(out, _library_forward(query, key, value, _build_module(case), allowed)):
                 return (f"you used {names} without inverting it: nn.MultiheadAttention's masks mean True = blocked, "
                         "the course's True = may attend; convert with ~mask")
         return None
