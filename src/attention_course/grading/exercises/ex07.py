@@ -22,23 +22,32 @@ from typing import Any
 import torch
 
 from attention_course.grading.compare import (
-    close_f64,
     close_problem,
     f64,
     finite_problem,
     first_problem,
     fmt,
+    matches,
     tensor_problem,
     value_error_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_expecting_error, preamble, with_concepts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_expecting_error,
+    diagnose,
+    preamble,
+    with_concepts,
+)
 from attention_course.positional import sinusoidal_positional_encoding
 
 PREAMBLE = preamble()
 
 
 # This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
-_matches = functools.partial(close_f64, atol=1e-4, rtol=1e-4)
+_matches = functools.partial(matches, atol=1e-4, rtol=1e-4)
 
 
 def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
@@ -71,29 +80,25 @@ def _encoding_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _encoding_variants(positions: torch.Tensor, d: int) -> dict[str, torch.Tensor]:
-    angle = f64(positions).unsqueeze(1) * _omega(d)
-    swapped = torch.empty(len(positions), d, dtype=torch.float64)
-    swapped[:, 0::2], swapped[:, 1::2] = torch.cos(angle), torch.sin(angle)
+def _feature_index(positions: torch.Tensor, d: int) -> torch.Tensor:
     feature = torch.arange(d, dtype=torch.float64)  # exponent 2j/d with the column index j instead of 2i/d
     wrong_angle = f64(positions).unsqueeze(1) * 10000.0 ** (-2 * feature / d)
-    return {
-        "pairs_from_1": _encoding(positions, d, first_pair=1),
-        "swapped": swapped,
-        "concatenated": torch.cat([torch.sin(angle), torch.cos(angle)], dim=1),
-        "feature_index": torch.where(feature % 2 == 0, torch.sin(wrong_angle), torch.cos(wrong_angle)),
-    }
+    return torch.where(feature % 2 == 0, torch.sin(wrong_angle), torch.cos(wrong_angle))
 
 
-_ENCODING_MESSAGES = {
-    "pairs_from_1": "your pairs are counted from 1 (frequencies 10000^(-2i/d) for i = 1 .. d/2); they run "
-                    "i = 0 .. d/2 - 1, so the first pair has wavelength 2*pi",
-    "swapped": "your even columns hold cosines and the odd ones sines; PE[p, 2i] = sin(...), PE[p, 2i+1] = cos(...)",
-    "concatenated": "your rows put all sines first and all cosines after; interleave them: column 2i is the sine "
-                    "and column 2i+1 the cosine of pair i",
-    "feature_index": "your exponent uses the column index j (10000^(2j/d)); both columns of pair i share the "
-                     "frequency 10000^(-2i/d) with i = j // 2",
-}
+_ENCODING_MISTAKES = (  # (positions, d_model) -> a wrong table
+    Mistake(functools.partial(_encoding, first_pair=1),
+            "your pairs are counted from 1 (frequencies 10000^(-2i/d) for i = 1 .. d/2); they run "
+            "i = 0 .. d/2 - 1, so the first pair has wavelength 2*pi"),
+    Mistake(lambda p, d: _encoding(p, d).reshape(len(p), -1, 2).flip(-1).reshape(len(p), d),
+            "your even columns hold cosines and the odd ones sines; PE[p, 2i] = sin(...), PE[p, 2i+1] = cos(...)"),
+    Mistake(lambda p, d: torch.cat([_encoding(p, d)[:, 0::2], _encoding(p, d)[:, 1::2]], dim=1),
+            "your rows put all sines first and all cosines after; interleave them: column 2i is the sine "
+            "and column 2i+1 the cosine of pair i"),
+    Mistake(_feature_index,
+            "your exponent uses the column index j (10000^(2j/d)); both columns of pair i share the "
+            "frequency 10000^(-2i/d) with i = j // 2"),
+)
 
 
 def _verify_encoding(case: Case, output: Any) -> str | None:
@@ -103,12 +108,8 @@ def _verify_encoding(case: Case, output: Any) -> str | None:
     expected = _encoding(positions, d)
 
     def diagnosis() -> str | None:
-        if _matches(output, expected, atol=2e-4):
-            return None
-        for name, table in _encoding_variants(positions, d).items():
-            if _matches(output, table, atol=2e-4):
-                return _ENCODING_MESSAGES[name]
-        return None
+        close = functools.partial(_matches, atol=2e-4)
+        return None if close(output, expected) else diagnose(_ENCODING_MISTAKES, output, positions, d, matches=close)
 
     def library() -> str | None:
         # Integer positions are rows of the library's table.
@@ -286,22 +287,19 @@ def _verify_embed(case: Case, output: Any) -> str | None:
     embedded = f64(weight)[tokens]  # (B, L, d)
     positions = f64(pe[:L])  # (L, d)
     expected = embedded * math.sqrt(d) + positions  # before dropout
-    mistakes = [  # (what went wrong, what the learner then computed before dropout)
-        (f"multiply the embeddings by sqrt(d_model) = {fmt(math.sqrt(d))} before adding the positions",
-         embedded + positions),
-        ("you scaled the sum; scale only the embeddings by sqrt(d_model), then add the positions",
-         (embedded + positions) * math.sqrt(d)),
-        (f"you multiplied the embeddings by d_model = {d}; the factor is sqrt(d_model)", embedded * d + positions),
-        ("you added no positions: add pe[:L], the first L rows of the table", embedded * math.sqrt(d)),
-    ]
+    mistakes = (  # what the learner computed before dropout instead
+        Mistake(lambda: embedded + positions,
+                f"multiply the embeddings by sqrt(d_model) = {fmt(math.sqrt(d))} before adding the positions"),
+        Mistake(lambda: (embedded + positions) * math.sqrt(d),
+                "you scaled the sum; scale only the embeddings by sqrt(d_model), then add the positions"),
+        Mistake(lambda: embedded * d + positions,
+                f"you multiplied the embeddings by d_model = {d}; the factor is sqrt(d_model)"),
+        Mistake(lambda: embedded * math.sqrt(d), "you added no positions: add pe[:L], the first L rows of the table"),
+    )
 
     def diagnosis(values: torch.Tensor, select: torch.Tensor | None = None) -> str | None:
-        for message, wrong in mistakes:
-            candidate = wrong if select is None else wrong[select]
-            if tuple(values.shape) == tuple(candidate.shape) and torch.allclose(values, candidate, atol=1e-4,
-                                                                                   rtol=1e-4):
-                return message
-        return None
+        return diagnose(mistakes, values,
+                        matches=lambda v, wrong: _matches(v, wrong if select is None else wrong[select]))
 
     base = first_problem(
         lambda: tensor_problem(output, "your output", expected.shape),
