@@ -29,7 +29,17 @@ from attention_course.grading.compare import (
     fmt,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_function,
+    diagnose,
+    preamble,
+    randn,
+    with_concepts,
+)
 
 PREAMBLE = preamble(nn=True)
 
@@ -80,6 +90,28 @@ def _layer_norm_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
+def _centred(x: torch.Tensor) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True)
+
+
+def _finite_close(output: Any, wrong: torch.Tensor) -> bool:
+    return bool(torch.isfinite(wrong).all()) and close_f64(output, wrong)
+
+
+_LAYER_NORM_MISTAKES = (  # (x, weight, bias, eps), float64 -> a wrong LayerNorm
+    Mistake(lambda x, w, b, eps: _centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=1) + eps) * w + b,
+            "your output matches the *unbiased* variance (dividing by H - 1); LayerNorm divides by H "
+            "(use correction=0 / unbiased=False)"),
+    Mistake(lambda x, w, b, eps: _centred(x) / (x.std(-1, keepdim=True, correction=0) + eps) * w + b,
+            "your output matches (x - mean) / (std + eps): eps belongs inside the square root, "
+            "(x - mean) / sqrt(var + eps)"),
+    Mistake(lambda x, w, b, eps: _centred(x) / x.std(-1, keepdim=True, correction=0) * w + b,
+            "your output matches a LayerNorm without eps: add eps to the variance"),
+    Mistake(lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), eps=eps),
+            "your output is normalised but ignores the gain and bias: return weight * x_hat + bias"),
+)
+
+
 def _verify_layer_norm(case: Case, output: Any) -> str | None:
     x, weight, bias = case.args
     eps = case.kwargs["eps"]
@@ -88,27 +120,7 @@ def _verify_layer_norm(case: Case, output: Any) -> str | None:
     def diagnosis() -> str | None:
         if close_f64(output, expected):
             return None
-        x64 = f64(x)
-        mean = x64.mean(-1, keepdim=True)
-        centred = x64 - mean
-        unbiased = centred / torch.sqrt(x64.var(-1, keepdim=True, correction=1) + eps)
-        eps_outside = centred / (x64.std(-1, keepdim=True, correction=0) + eps)
-        no_eps = centred / x64.std(-1, keepdim=True, correction=0)
-        plain = F.layer_norm(x64, (x.shape[-1],), eps=eps)
-        for candidate, message in (
-            (unbiased * f64(weight) + f64(bias),
-             "your output matches the *unbiased* variance (dividing by H - 1); LayerNorm divides by H "
-             "(use correction=0 / unbiased=False)"),
-            (eps_outside * f64(weight) + f64(bias),
-             "your output matches (x - mean) / (std + eps): eps belongs inside the square root, "
-             "(x - mean) / sqrt(var + eps)"),
-            (no_eps * f64(weight) + f64(bias),
-             "your output matches a LayerNorm without eps: add eps to the variance"),
-            (plain, "your output is normalised but ignores the gain and bias: return weight * x_hat + bias"),
-        ):
-            if torch.isfinite(candidate).all() and close_f64(output, candidate):
-                return message
-        return None
+        return diagnose(_LAYER_NORM_MISTAKES, output, f64(x), f64(weight), f64(bias), eps, matches=_finite_close)
 
     return first_problem(
         lambda: tensor_problem(output, "your output", x.shape),
@@ -207,6 +219,21 @@ def _residual_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
+_RESIDUAL_MISTAKES = (  # (x, f, norm, norm_first), float64 -> a wrong residual block
+    Mistake(lambda x, f, n, norm_first: n(x + f(x)) if norm_first else x + f(n(x)),
+            lambda x, f, n, norm_first: f"your output is the {'post' if norm_first else 'pre'}-norm result; with "
+            f"norm_first={norm_first} it should be the "
+            f"{'pre-norm x + f(norm(x))' if norm_first else 'post-norm norm(x + f(x))'}"),
+    Mistake(lambda x, f, n, norm_first: n(x) + f(n(x)),
+            "you added the *normalised* input; pre-norm adds the raw input: x + f(norm(x))"),
+    Mistake(lambda x, f, n, norm_first: n(f(x)), "you left out the residual: post-norm is norm(x + f(x))"),
+    Mistake(lambda x, f, n, norm_first: f(n(x)) if norm_first else f(x),
+            "you left out the residual connection (the '+ x')"),
+    Mistake(lambda x, f, n, norm_first: x + n(f(x)),
+            "you normalised the sub-layer's output only; post-norm normalises the sum, norm(x + f(x))"),
+)
+
+
 def _verify_residual(case: Case, output: Any) -> str | None:
     x, sublayer, norm = case.args
     norm_first = case.kwargs["norm_first"]
@@ -220,20 +247,7 @@ def _verify_residual(case: Case, output: Any) -> str | None:
     def diagnosis() -> str | None:
         if close_f64(output, expected):
             return None
-        wanted = "pre-norm x + f(norm(x))" if norm_first else "post-norm norm(x + f(x))"
-        for candidate, message in (
-            (post if norm_first else pre,
-             f"your output is the {'post' if norm_first else 'pre'}-norm result; with norm_first={norm_first} "
-             f"it should be the {wanted}"),
-            (n(x64) + f(n(x64)), "you added the *normalised* input; pre-norm adds the raw input: x + f(norm(x))"),
-            (n(f(x64)), "you left out the residual: post-norm is norm(x + f(x))"),
-            (f(x64) if not norm_first else f(n(x64)), "you left out the residual connection (the '+ x')"),
-            (x64 + n(f(x64)), "you normalised the sub-layer's output only; post-norm normalises the sum, "
-                              "norm(x + f(x))"),
-        ):
-            if close_f64(output, candidate):
-                return message
-        return None
+        return diagnose(_RESIDUAL_MISTAKES, output, x64, f, n, norm_first, matches=close_f64)
 
     return first_problem(
         lambda: tensor_problem(output, "your output", x.shape),
