@@ -25,17 +25,21 @@ from attention_course.grading.compare import (
     fmt_shape,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_function,
+    diagnose,
+    permutation,
+    preamble,
+    randn,
+    with_concepts,
+)
 from attention_course.layers import EncoderLayer
 
 PREAMBLE = preamble(library=True)
-
-
-def _permutation(g: torch.Generator, n: int) -> torch.Tensor:
-    while True:
-        perm = torch.randperm(n, generator=g)
-        if not torch.equal(perm, torch.arange(n)):
-            return perm
 
 
 # --- part 1: feed_forward -----------------------------------------------------------------------------
@@ -51,7 +55,7 @@ def _ffn_cases(g: torch.Generator) -> list[Case]:
         Case("a batch of sequences, x (2, 6, 8), d_ff = 16", (randn(g, 2, 6, 8), *_ffn_weights(g, 8, 16))),
         Case("a hidden layer narrower than the model, d_ff = 4", (randn(g, 3, 5, 8), *_ffn_weights(g, 8, 4))),
         Case("reordering the positions reorders the outputs (position-wise)",
-             (randn(g, 7, 6), *_ffn_weights(g, 6, 24)), data={"perm": _permutation(g, 7)}),
+             (randn(g, 7, 6), *_ffn_weights(g, 6, 24)), data={"perm": permutation(g, 7)}),
         Case("W2 maps to width 12, but d_model is 8: ValueError naming both",
              (randn(g, 4, 8), *_ffn_weights(g, 8, 16, d_out=12)), data={"error": (12, 8)}),
         Case("W1 expects 10 features, x has 8: ValueError naming both",
@@ -80,6 +84,14 @@ def _reference_ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torc
     return torch.relu(f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)
 
 
+_FFN_MISTAKES = (  # (x, W1, b1, W2, b2) -> a wrong FFN output
+    Mistake(lambda x, W1, b1, W2, b2: (f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2),
+            "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"),
+    Mistake(lambda x, W1, b1, W2, b2: torch.relu((f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)),
+            "you applied ReLU to the output; it belongs on the hidden layer only"),
+)
+
+
 def _verify_ffn(case: Case, output: Any) -> str | None:
     x, W1, b1, W2, b2 = case.args
     if "error" in case.data:
@@ -102,15 +114,7 @@ def _verify_ffn(case: Case, output: Any) -> str | None:
     expected = _reference_ffn(x, W1, b1, W2, b2)
 
     def diagnosis() -> str | None:
-        if close_f64(output, expected):
-            return None
-        no_relu = (f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)
-        if close_f64(output, no_relu):
-            return "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"
-        relu_after = torch.relu(no_relu)
-        if close_f64(output, relu_after):
-            return "you applied ReLU to the output; it belongs on the hidden layer only"
-        return None
+        return None if close_f64(output, expected) else diagnose(_FFN_MISTAKES, output, *case.args, matches=close_f64)
 
     def position_wise() -> str | None:
         if permuted is None:
@@ -292,14 +296,17 @@ def _verify_encoder_layer(case: Case, output: Any) -> str | None:
         expected = _reference_encoder_layer(case, mask)
         if close_f64(out, expected):
             return None
-        if close_f64(out, _reference_encoder_layer(case, mask, norm_first=not norm_first)):
-            return (f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
-                    f"norm_first={norm_first}")
-        if mask is not None and close_f64(out, _reference_encoder_layer(case, None)):
-            return ("your output matches a layer that ignores the padding mask: pass mask to the self-attention "
-                    "so that no token attends to padding")
-        return close_problem(out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the "
-                             "same weights", atol=1e-4, rtol=1e-3)
+        mistakes = (
+            Mistake(lambda: _reference_encoder_layer(case, mask, norm_first=not norm_first),
+                    f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
+                    f"norm_first={norm_first}"),
+            Mistake(lambda: None if mask is None else _reference_encoder_layer(case, None),
+                    "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
+                    "so that no token attends to padding"),
+        )
+        return diagnose(mistakes, out, matches=close_f64) or close_problem(
+            out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the same weights",
+            atol=1e-4, rtol=1e-3)
 
     return first_problem(
         loaded,
