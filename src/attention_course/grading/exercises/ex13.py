@@ -27,7 +27,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
 from attention_course.sampling import top_k_filter as reference_top_k
 from attention_course.sampling import top_p_filter as reference_top_p
 
@@ -59,6 +59,19 @@ def _loss(logits: torch.Tensor, predictions: slice, targets: torch.Tensor, pad_i
     return F.cross_entropy(chosen.reshape(-1, chosen.size(-1)), targets.reshape(-1), ignore_index=pad_id)
 
 
+_UNSHIFTED = ("your loss compares the logits at position t with token t: position t must predict token "
+              "t + 1 (drop the last position's logits and the first token)")
+_LOSS_MISTAKES = (  # (logits, tokens, pad_id) -> a wrong loss
+    Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None), tokens, pad_id), _UNSHIFTED),
+    Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None, -1), tokens[:, :-1], pad_id), _UNSHIFTED),
+    Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(1, None), tokens[:, :-1], pad_id),
+            "your shift goes the wrong way: logits[:, :-1] predict tokens[:, 1:]"),
+    Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None, -1), tokens[:, 1:], -100),
+            lambda logits, tokens, pad_id: f"your loss counts the padded targets (id {pad_id}): leave them out of "
+            "the mean"),
+)
+
+
 def _verify_loss(case: Case, output: Any) -> str | None:
     logits, tokens = (f64(t) if t.is_floating_point() else t for t in case.args)
     pad_id = case.kwargs["pad_id"]
@@ -68,18 +81,9 @@ def _verify_loss(case: Case, output: Any) -> str | None:
         got = float(output)
         if math.isclose(got, float(expected), rel_tol=1e-4, abs_tol=1e-5):
             return None
-        unshifted = _loss(logits, slice(None), tokens, pad_id)
-        same_position = _loss(logits, slice(None, -1), tokens[:, :-1], pad_id)
-        backwards = _loss(logits, slice(1, None), tokens[:, :-1], pad_id)
-        with_padding = _loss(logits, slice(None, -1), tokens[:, 1:], -100)
-        if any(math.isclose(got, float(loss), rel_tol=1e-4) for loss in (unshifted, same_position)):
-            return ("your loss compares the logits at position t with token t: position t must predict token "
-                    "t + 1 (drop the last position's logits and the first token)")
-        if math.isclose(got, float(backwards), rel_tol=1e-4):
-            return "your shift goes the wrong way: logits[:, :-1] predict tokens[:, 1:]"
-        if math.isclose(got, float(with_padding), rel_tol=1e-4):
-            return f"your loss counts the padded targets (id {pad_id}): leave them out of the mean"
-        return f"expected a loss of {float(expected):.5f} nats, got {got:.5f}"
+        return (diagnose(_LOSS_MISTAKES, got, logits, tokens, pad_id,
+                         matches=lambda got, loss: math.isclose(got, float(loss), rel_tol=1e-4))
+                or f"expected a loss of {float(expected):.5f} nats, got {got:.5f}")
 
     return first_problem(lambda: scalar_problem(output, "your loss"), value)
 
@@ -264,19 +268,17 @@ def _verify_step(case: Case, output: Any) -> str | None:
     scores = q[:, -1:] @ k.transpose(-2, -1) / math.sqrt(d)  # the last position attends to all, itself included
     expected = torch.softmax(scores, dim=-1) @ v  # (B, 1, d)
 
+    mistakes = (
+        Mistake(lambda: torch.softmax(q[:, -1:] @ k[:, :past].transpose(-2, -1) / math.sqrt(d), dim=-1)
+                @ v[:, :past] if past else None,
+                "your new token does not attend to itself: append its key and value before attending"),
+        Mistake(lambda: torch.softmax(q[:, -1:] @ k.transpose(-2, -1), dim=-1) @ v, "divide the scores by sqrt(d)"),
+    )
+
     def output_problem() -> str | None:
-        if close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
-                         rtol=1e-4) is None:
-            return None
-        if past:
-            past_only = torch.softmax(q[:, -1:] @ k[:, :past].transpose(-2, -1) / math.sqrt(d), dim=-1) @ v[:, :past]
-            if torch.allclose(f64(output[0]), past_only, atol=1e-5, rtol=1e-4):
-                return "your new token does not attend to itself: append its key and value before attending"
-        unscaled = torch.softmax(q[:, -1:] @ k.transpose(-2, -1), dim=-1) @ v
-        if torch.allclose(f64(output[0]), unscaled, atol=1e-5, rtol=1e-4):
-            return "divide the scores by sqrt(d)"
-        return close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
-                             rtol=1e-4)
+        problem = close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
+                                rtol=1e-4)
+        return problem and (diagnose(mistakes, output[0]) or problem)
 
     return first_problem(
         lambda: tuple_problem(output, "output", "keys", "values"),
