@@ -104,15 +104,15 @@ def tensor_problem(value: Any, what: str, shape: Sequence[int] | None = None, fl
     return None
 
 
-def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True) -> Problem:
-    """No NaN or infinity anywhere; the message names the first offending row (or index)."""
+def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True, advice: str = "") -> Problem:
+    """No NaN or infinity anywhere; the message names the first offending row (or index), then ``advice``."""
     bad = ~torch.isfinite(value)
     if not bad.any():
         return None
     index = [int(i) for i in bad.nonzero()[0]]
     kind = "NaN" if torch.isnan(value[tuple(index)]) else "an infinity"
     place = row_name(index[:-1]) if by_rows and value.dim() >= 2 else f"index {tuple(index)}"
-    return f"{place} of {what} contains {kind}"
+    return f"{place} of {what} contains {kind}{advice}"
 
 
 def close_problem(

@@ -104,15 +104,11 @@ def _verify_soft(case: Case, output: Any) -> str | None:
     expected = torch.softmax(scores.to(torch.float64) * beta, dim=-1)
     stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
 
-    def finite() -> str | None:
-        problem = finite_problem(output, "your weights")
-        return problem + stability if problem else None
-
     return first_problem(
         lambda: tensor_problem(output, "your weights", scores.shape),
         lambda: None if output.dtype == scores.dtype else
         f"expected dtype {scores.dtype} (the dtype of the scores), got {output.dtype}",
-        finite,
+        lambda: finite_problem(output, "your weights", advice=stability),
         lambda: non_negative_problem(output),
         lambda: rows_sum_problem(output),
         lambda: close_problem(output, expected, "your weights", "softmax(beta * scores)"),
@@ -207,13 +203,10 @@ def _verify_self_attention(case: Case, output: Any) -> str | None:
         output = plain
     stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
 
-    def finite() -> str | None:
-        problem = finite_problem(output[1], "your weights") or finite_problem(output[0], "your output")
-        return problem + stability if problem else None
-
     return first_problem(
         lambda: pair_problem(output, *shapes),
-        finite,
+        lambda: finite_problem(output[1], "your weights", advice=stability)
+        or finite_problem(output[0], "your output", advice=stability),
         lambda: non_negative_problem(output[1]),
         lambda: rows_sum_problem(output[1]),
         lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * X Xᵀ)"),

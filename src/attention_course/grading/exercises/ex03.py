@@ -118,10 +118,6 @@ def _verify_soft(case: Case, output: Any) -> str | None:
     expected_w = torch.softmax(beta * _scores(query, keys), dim=-1)
     stability = " (subtract each row's maximum score before exponentiating)" if case.data.get("stability") else ""
 
-    def finite() -> str | None:
-        problem = finite_problem(output[1], "your weights") or finite_problem(output[0], "your output")
-        return problem + stability if problem else None
-
     def uniform() -> str | None:
         if beta == 0.0 and not torch.allclose(output[0].to(torch.float64), values.mean(dim=-2, keepdim=True)
                                               .expand_as(expected_out), atol=1e-5):
@@ -130,7 +126,8 @@ def _verify_soft(case: Case, output: Any) -> str | None:
 
     return first_problem(
         lambda: pair_problem(output, expected_out.shape, expected_w.shape),
-        finite,
+        lambda: finite_problem(output[1], "your weights", advice=stability)
+        or finite_problem(output[0], "your output", advice=stability),
         lambda: non_negative_problem(output[1]),
         lambda: rows_sum_problem(output[1]),
         lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * query @ keysᵀ)"),

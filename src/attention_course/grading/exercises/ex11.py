@@ -149,10 +149,6 @@ def _verify_online(case: Case, output: Any) -> str | None:
         return close_problem(new_max.nan_to_num(neginf=-1e300), expected_max.nan_to_num(neginf=-1e300),
                              "your running maximum", "max(old maximum, largest new score)", atol=1e-6, rtol=1e-7)
 
-    def sum_finite() -> str | None:
-        problem = finite_problem(output[1], "your running sum", by_rows=False)
-        return problem + stability if problem else None
-
     def sum_problem() -> str | None:
         problem = close_problem(output[1], expected_sum, "your running sum",
                                 "sum over all scores so far of exp(score - new maximum)", atol=1e-5, rtol=1e-4)
@@ -169,7 +165,7 @@ def _verify_online(case: Case, output: Any) -> str | None:
         lambda: tensor_problem(output[1], "your running sum", shape),
         lambda: _dtype_problem(output[1], "your running sum", scores.dtype),
         max_problem,
-        sum_finite,
+        lambda: finite_problem(output[1], "your running sum", by_rows=False, advice=stability),
         sum_problem,
     )
 
