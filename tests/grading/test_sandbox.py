@@ -265,3 +265,24 @@ def test_a_worker_that_cannot_start_fails_every_part_with_the_reason(tmp_path, m
     for verdict in result.parts:
         assert "could not start" in verdict.message and "torch is broken here" in verdict.message, verdict.message
     assert not launcher._live
+
+
+def test_a_course_installed_under_tmp_is_visible_in_the_sandbox(monkeypatch):
+    """A fresh clone in a temporary folder (its venv and package under /tmp) must not be hidden by the
+    sandbox's private /tmp: the read-only binds go on top of it."""
+    import tempfile
+
+    from attention_course.grading import isolation
+
+    if isolation.bwrap_path() is None:
+        pytest.skip("bubblewrap is not installed (make grader-deps installs it)")
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        installed = Path(folder) / "course"
+        installed.mkdir()
+        (installed / "marker.txt").write_text("visible")
+        real = isolation._read_only_paths()
+        monkeypatch.setattr(isolation, "_read_only_paths", lambda: [*real, str(installed)])
+        command = isolation.sandbox_command(["/bin/cat", str(installed / "marker.txt")], uid=None)
+        assert command.index("--tmpfs") < command.index(str(installed)), "the private /tmp would hide the bind"
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "visible", result.stderr

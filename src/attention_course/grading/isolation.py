@@ -198,18 +198,20 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
             command += ["--symlink", os.readlink(system), system]
         elif os.path.exists(system):
             command += ["--ro-bind", system, system]
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    # The private /tmp comes before the read-only binds: a course installed under /tmp (a fresh clone in a
+    # temporary folder, say) is then bound on top of it instead of being hidden by it.
+    if _supports(path, "--size"):  # bubblewrap >= 0.8; older ones give an unbounded private /tmp
+        command += ["--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp"]
+    else:
+        command += ["--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
     bound = _read_only_paths()
-    parents = sorted({str(parent) for path in bound for parent in Path(path).parents if str(parent) != "/"},
+    parents = sorted({str(parent) for path in bound for parent in Path(path).parents}- {"/", "/tmp"},
                      key=lambda p: p.count("/"))
     for parent in parents:  # made by bwrap with mode 0700 otherwise: unreadable once the worker drops root
         command += ["--perms", "0755", "--dir", parent]
     for read_only in bound:
         command += ["--ro-bind", read_only, read_only]
-    command += ["--proc", "/proc", "--dev", "/dev"]
-    if _supports(path, "--size"):  # bubblewrap >= 0.8; older ones give an unbounded private /tmp
-        command += ["--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp"]
-    else:
-        command += ["--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
     command += ["--chdir", "/tmp"]
     environment = worker_environment()
     if uid is not None:
