@@ -63,7 +63,8 @@ class DecodingCache:
         layers: one :class:`~attention_course.layers.DecoderLayerCache` per decoder layer (cross-attention
             keys and values projected here, once).
         self_attention: the layers' self-attention :class:`~attention_course.KVCache` objects, in order.
-        cross_keys, cross_values: the layers' ``(B, Hkv, Ls, d_head)`` cross-attention keys and values.
+        cross_keys: the layers' ``(B, Hkv, Ls, d_head)`` cross-attention keys, in order.
+        cross_values: the layers' cross-attention values, the same shape, in order.
         position: how many target positions have been decoded so far.
     """
 

@@ -33,8 +33,9 @@ class DecoderLayerCache:
 
     Attributes:
         self_attention: the :class:`~attention_course.KVCache` of its causal self-attention.
-        cross_keys, cross_values: ``(B, Hkv, Ls, d_head)`` the cross-attention's keys and values of the
-            encoder output, projected at the first step and reused after (None before it).
+        cross_keys: ``(B, Hkv, Ls, d_head)`` the cross-attention's keys of the encoder output, projected
+            at the first step and reused after (None before it).
+        cross_values: ``(B, Hkv, Ls, d_head)`` its values, kept the same way.
     """
 
     self_attention: KVCache = field(default_factory=KVCache)

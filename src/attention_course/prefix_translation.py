@@ -30,7 +30,7 @@ from attention_course.tasks.translation import SentencePair
 from attention_course.training import LabelSmoothingLoss, transformer_optimizer
 from attention_course.vocabulary import BOS, EOS, PAD, Vocabulary
 
-__all__ = ["SEP", "PrefixData", "encode_prefix_pairs", "joint_vocabulary", "prefix_exact_match",
+__all__ = ["SEP", "PrefixData", "PrefixTrainingLog", "encode_prefix_pairs", "joint_vocabulary", "prefix_exact_match",
            "prefix_greedy_translate", "prefix_translation_loss", "train_prefix_translator"]
 
 #: The separator between source and target.

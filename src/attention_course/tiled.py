@@ -273,7 +273,7 @@ def tiled_attention(
     running maximum, running sum and unnormalised output with :func:`tiled_attention_step`; the block's
     output is the accumulator divided by the sum. Extra memory is ``O(block_size²)`` per batch item and head
     for the score tile, plus the output and one log-sum-exp per query, instead of ``O(Lq·Lk)``. The backward
-    pass (:class:`TiledAttentionFunction`) recomputes the tiles, so training saves the memory too.
+    pass (``TiledAttentionFunction``) recomputes the tiles, so training saves the memory too.
 
     Args:
         query: ``(..., Lq, d_k)``.

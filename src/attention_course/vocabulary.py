@@ -25,11 +25,11 @@ from torch import Tensor
 
 __all__ = ["BOS", "CLS", "EOS", "PAD", "UNK", "Vocabulary"]
 
-#: Padding: fills sequences up to a batch's length; attention and the loss ignore it.
+#: The padding token, which fills sequences up to a batch's length; attention and the loss ignore it.
 PAD = "<pad>"
-#: Beginning of a sequence: the decoder's first input.
+#: The beginning-of-sequence token, the decoder's first input.
 BOS = "<bos>"
-#: End of a sequence: generation stops when it is produced.
+#: The end-of-sequence token; generation stops when it is produced.
 EOS = "<eos>"
 #: Classification token of the encoder-only classifier (chapter 09).
 CLS = "<cls>"
@@ -47,8 +47,13 @@ class Vocabulary:
             the generated languages may not, since sentences are split on spaces).
 
     Attributes:
-        itos: id -> token, a list. stoi: token -> id, a dict.
-        pad_id, bos_id, eos_id, cls_id, unk_id: the ids of those specials, or None if absent.
+        itos: id -> token, a list.
+        stoi: token -> id, a dict.
+        pad_id: the id of ``<pad>``, or None if absent.
+        bos_id: the id of ``<bos>``, or None if absent.
+        eos_id: the id of ``<eos>``, or None if absent.
+        cls_id: the id of ``<cls>``, or None if absent.
+        unk_id: the id of ``<unk>``, or None if absent.
 
     Raises:
         ValueError: an empty or non-string token, a special token among ``tokens``, a token with whitespace
