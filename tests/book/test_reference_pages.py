@@ -73,7 +73,7 @@ GLOSSARY_TERMS = [
     "warm-up",
 ]
 
-CHAPTER_FILE = re.compile(r"\d\d_[a-z0-9_]+\.html")
+CHAPTER_FILE = re.compile(r"\d\d[a-z]?_[a-z0-9_]+\.html")
 
 
 # --- the library reference -----------------------------------------------------------------------------------
