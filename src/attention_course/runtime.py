@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from typing import TypeVar
 
 import numpy as np
@@ -50,22 +49,8 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Gener
         # the learner's cell. On the CPU the flag selects deterministic variants and warns about nothing
         # the course runs. GPU runs therefore promise equal results up to rounding, not bit for bit.
         if not torch.cuda.is_available():
-            _use_deterministic_kernels()
+            torch.use_deterministic_algorithms(True, warn_only=True)
     return torch.Generator().manual_seed(seed)
-
-
-def _use_deterministic_kernels() -> None:
-    """``torch.use_deterministic_algorithms(True, warn_only=True)``, without its import of the compiler.
-
-    The public call also sets ``torch.compile``'s own determinism flag, and importing the compiler's
-    configuration to do so takes about 2 s: a quarter of a short notebook's run, paid by every notebook. The
-    course never compiles, so unless the compiler is already loaded only the kernels' flag is set.
-    """
-    set_kernel_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if set_kernel_flag is None or "torch._inductor.config" in sys.modules:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    else:
-        set_kernel_flag(True, warn_only=True)
 
 
 def get_device(prefer: str | torch.device | None = None) -> torch.device:

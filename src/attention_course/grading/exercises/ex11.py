@@ -282,12 +282,12 @@ def _run_tiled(obj: Any, case: Case) -> Any:
     """Call the learner's function; for the memory case, also record the largest tensor any operation made."""
     if not case.data.get("memory"):
         return call_function(obj, case)
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.overrides import TorchFunctionMode
 
-    class LargestTensor(TorchDispatchMode):
+    class LargestTensor(TorchFunctionMode):
         largest = 0
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             result = func(*args, **(kwargs or {}))
             for item in result if isinstance(result, (tuple, list)) else (result,):
                 if isinstance(item, torch.Tensor):
