@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attention_course.checks import check_qkv
+
 __all__ = ["check_mask", "masked_softmax", "scaled_dot_product_attention"]
 
 
@@ -109,44 +111,6 @@ def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager
     return contextlib.nullcontext()
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor) -> None:
-    for name, tensor in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(tensor, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if not tensor.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
-        if tensor.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape "
-                             f"{tuple(tensor.shape)}")
-    if not query.dtype == key.dtype == value.dtype:
-        raise TypeError(
-            f"query, key and value must share one dtype, got query {query.dtype}, key {key.dtype} and "
-            f"value {value.dtype}; convert them, for example with key.to(query.dtype)"
-        )
-    if not query.device == key.device == value.device:
-        raise ValueError(
-            f"query, key and value must be on one device, got query on {query.device}, key on {key.device} "
-            f"and value on {value.device}"
-        )
-    if query.size(-1) != key.size(-1):
-        raise ValueError(
-            f"query and key must have the same feature size d_k, got query {tuple(query.shape)} "
-            f"(d_k={query.size(-1)}) and key {tuple(key.shape)} (d_k={key.size(-1)})"
-        )
-    if key.size(-2) != value.size(-2):
-        raise ValueError(
-            f"key and value must have the same length Lk, got key {tuple(key.shape)} (Lk={key.size(-2)}) and "
-            f"value {tuple(value.shape)} (Lk={value.size(-2)})"
-        )
-    try:
-        torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the leading (batch) dimensions of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-            f"{tuple(value.shape)} do not broadcast together"
-        ) from None
-
-
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -187,7 +151,7 @@ def scaled_dot_product_attention(
             devices, a mask that does not broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
         TypeError: a non-boolean mask, or query, key and value of different (or non-floating-point) dtypes.
     """
-    _check_qkv(query, key, value)
+    check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:

@@ -22,29 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attention_course.masks import causal_mask, padding_mask
+from attention_course.checks import check_decoding_args
+from attention_course.masks import causal_mask, source_mask
 
 __all__ = ["beam_search", "greedy_decode", "length_penalty_factor", "sequence_log_probs"]
-
-
-def _check_common(src: Tensor, max_len: int, bos_id: int, eos_id: int) -> None:
-    if not isinstance(src, Tensor) or src.dim() != 2:
-        shape = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
-        raise ValueError(f"src must be a (batch, length) tensor of token ids, got {shape}")
-    if src.is_floating_point() or src.dtype == torch.bool:
-        raise TypeError(f"src must hold integer token ids, got dtype {src.dtype}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-
-
-def _source_mask(src: Tensor, pad_id: int | None, src_mask: Tensor | None) -> Tensor | None:
-    """The given mask, or the padding mask ``(B, 1, 1, Ls)`` built from ``pad_id``, or None."""
-    if src_mask is not None:
-        return src_mask
-    return padding_mask(src, pad_id) if pad_id is not None else None
 
 
 @torch.no_grad()
@@ -71,8 +52,8 @@ def greedy_decode(
     Returns:
         ``(B, T)`` token ids with ``T <= max_len + 1``, each row starting with ``bos_id``.
     """
-    _check_common(src, max_len, bos_id, eos_id)
-    src_mask = _source_mask(src, pad_id, src_mask)
+    check_decoding_args(src, max_len, bos_id, eos_id)
+    src_mask = source_mask(src, pad_id, src_mask)
     fill = eos_id if pad_id is None else pad_id
     memory = model.encode(src, src_mask)  # (B, Ls, d_model), computed once
     tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -149,12 +130,12 @@ def beam_search(
         ``(B, T)`` token ids of the best hypothesis per sentence, starting with ``bos_id``; after eos,
         ``pad_id`` (or ``eos_id``).
     """
-    _check_common(src, max_len, bos_id, eos_id)
+    check_decoding_args(src, max_len, bos_id, eos_id)
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
     if not length_penalty >= 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty!r}")
-    src_mask = _source_mask(src, pad_id, src_mask)
+    src_mask = source_mask(src, pad_id, src_mask)
     fill = eos_id if pad_id is None else pad_id
     batch, k, device = src.size(0), beam_size, src.device
 
@@ -239,7 +220,7 @@ def sequence_log_probs(
     if tokens.dim() != 2 or tokens.size(0) != src.size(0) or tokens.size(1) < 2:
         raise ValueError(f"tokens must be (batch={src.size(0)}, T >= 2) sequences starting with bos, got "
                          f"{tuple(tokens.shape)}")
-    src_mask = _source_mask(src, pad_id, src_mask)
+    src_mask = source_mask(src, pad_id, src_mask)
     memory = model.encode(src, src_mask)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # teacher forcing: predict token t from tokens < t
     logits = model.decode(inputs, memory, causal_mask(inputs.size(1), device=src.device), src_mask)

@@ -13,7 +13,7 @@ use it.
 
 from __future__ import annotations
 
-from attention_course.cost import _profiled_cpu_peak, kv_cache_bytes, layer_macs, measure_peak_memory
+from attention_course.cost import kv_cache_bytes, layer_macs, measure_peak_memory
 from attention_course.incremental import (
     DecodingCache,
     cached_greedy_decode,
@@ -46,5 +46,3 @@ __all__ = [
     "tiled_attention",
     "tiled_attention_step",
 ]
-
-_ = _profiled_cpu_peak  # chapter 11 shows its source as efficient._profiled_cpu_peak

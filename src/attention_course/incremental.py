@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attention_course.decoding import _check_common, _source_mask
+from attention_course.checks import check_decoding_args
 from attention_course.kv_cache import KVCache
 from attention_course.layers import DecoderLayer, DecoderLayerCache
+from attention_course.masks import source_mask
 from attention_course.multihead import MultiHeadAttention
 from attention_course.transformer import Transformer
 
@@ -172,8 +173,8 @@ def cached_greedy_decode(
         ``(B, T)`` token ids with ``T <= max_len + 1``, each row starting with ``bos_id``; decoding stops
         when every sequence has produced eos.
     """
-    _check_common(src, max_len, bos_id, eos_id)  # the same argument checks as greedy_decode
-    src_mask = _source_mask(src, pad_id, src_mask)  # (B, 1, 1, Ls) from pad_id, unless one is given
+    check_decoding_args(src, max_len, bos_id, eos_id)  # the same argument checks as greedy_decode
+    src_mask = source_mask(src, pad_id, src_mask)  # (B, 1, 1, Ls) from pad_id, unless one is given
     fill = eos_id if pad_id is None else pad_id
     memory = model.encode(src, src_mask)  # (B, Ls, d_model), computed once
     cache = DecodingCache(model, memory, src_mask)  # cross-attention keys/values, projected once

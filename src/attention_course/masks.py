@@ -121,3 +121,11 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
             ) from None
         combined = combined & mask
     return combined
+
+
+def source_mask(src: Tensor, pad_id: int | None, src_mask: Tensor | None) -> Tensor | None:
+    """``src_mask`` when given, else the padding mask ``(B, 1, 1, Ls)`` of ``src`` built from ``pad_id``, or None
+    without one: the source mask every decoder uses."""
+    if src_mask is not None:
+        return src_mask
+    return padding_mask(src, pad_id) if pad_id is not None else None

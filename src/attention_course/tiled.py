@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attention_course.attention import _check_qkv, check_mask
-from attention_course.checks import check_bool, check_int
+from attention_course.attention import check_mask
+from attention_course.checks import check_bool, check_int, check_qkv
 
 __all__ = ["online_softmax", "online_softmax_update", "tiled_attention", "tiled_attention_step"]
 
@@ -136,7 +136,7 @@ def tiled_attention_step(
 
 def _check_tiled_inputs(query: Tensor, key: Tensor, value: Tensor, block_size: int) -> None:
     # Shapes are checked exactly as scaled_dot_product_attention checks them; tiling adds dtype rules.
-    _check_qkv(query, key, value)
+    check_qkv(query, key, value)
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not tensor.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")

@@ -31,8 +31,9 @@ def test_seed_everything_makes_python_numpy_and_torch_repeatable():
     assert draw_all_generators() != first
 
 
-def test_seed_everything_asks_for_deterministic_kernels_without_loading_the_compiler(monkeypatch):
-    """The flag is set, in warn-only mode, and seeding a fresh process does not import torch's compiler (~2 s)."""
+def test_seed_everything_asks_for_deterministic_kernels(monkeypatch):
+    """The flag is set, in warn-only mode, through torch's public call (which imports the compiler's
+    configuration, about 0.85 s once per process: the price of using no private torch API)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # GPU runtimes: tests/unit/test_runtime.py
     before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
@@ -42,7 +43,6 @@ def test_seed_everything_asks_for_deterministic_kernels_without_loading_the_comp
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-    assert modules_loaded_by("ac.seed_everything(0)", "torch._inductor.config") == [False]
 
 
 def modules_loaded_by(statement: str, *modules: str) -> list[bool]:

@@ -111,7 +111,7 @@ def find_notebooks(paths: Iterable[str | Path]) -> list[Path]:
     return list(unique.values())
 
 
-def _guess_exercise(path: Path) -> str | None:
+def guess_exercise(path: Path) -> str | None:
     """The exercise id from a file name such as ``ex02_hard_and_soft_attention (1).ipynb``."""
     for exercise_id in sorted(exercise_ids(), key=len, reverse=True):
         if re.search(rf"(?<![0-9a-z]){re.escape(exercise_id)}(?![0-9])", path.name.lower()):
@@ -246,13 +246,13 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
         return dataclasses.replace(_fail(path, read), isolated=isolated)
     nb, sha256 = read
 
-    chosen = exercise_id or notebook_exercise(nb) or _guess_exercise(path)
+    chosen = exercise_id or notebook_exercise(nb) or guess_exercise(path)
     if chosen not in exercise_ids():
         return dataclasses.replace(
             _fail(path, f"cannot tell which exercise this is (found {clean_text(chosen, 40)!r}; known: "
                         f"{exercise_ids()}); pass --exercise"), sha256=sha256, isolated=isolated)
     mismatch = exercise_mismatch(chosen, notebook_exercise(nb), forced=exercise_id is not None,
-                                 guessed=_guess_exercise(path) or _guess_exercise(path.parent))
+                                 guessed=guess_exercise(path) or guess_exercise(path.parent))
     if mismatch and exercise_id is not None:
         return dataclasses.replace(_fail(path, mismatch, get_exercise(chosen), seed), sha256=sha256, isolated=isolated)
     exercise = get_exercise(chosen)

@@ -120,9 +120,9 @@ def write_bundle(exercise_id: str, out: Path) -> Path:
     shutil.copytree(root / "src" / "attention_course", package / "src" / "attention_course",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for notebook in (root / "exercises").glob("*.ipynb"):
-        from attention_course.grading.grader import _guess_exercise
+        from attention_course.grading.grader import guess_exercise
 
-        if _guess_exercise(notebook) == exercise_id:
+        if guess_exercise(notebook) == exercise_id:
             shutil.copy(notebook, out / "source" / notebook.name)
     for name, text in (("setup.sh", _SETUP), ("run_autograder", _RUN.format(exercise=exercise_id))):
         path = out / name
