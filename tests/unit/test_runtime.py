@@ -105,6 +105,11 @@ def test_the_library_uses_no_private_pytorch_api():
                     base = base.value
                 if isinstance(base, ast.Name) and base.id in {"torch", "F", "nn"}:
                     private.append(f"{path.name}:{node.lineno} .{node.attr}")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("torch") and any(
+                            part.startswith("_") and not part.startswith("__") for part in alias.name.split(".")):
+                        private.append(f"{path.name}:{node.lineno} import {alias.name}")
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("torch"):
                 parts = node.module.split(".") + [alias.name for alias in node.names]
                 if any(part.startswith("_") and not part.startswith("__") for part in parts):
