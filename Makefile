@@ -10,12 +10,13 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps grader-deps bench exercises clean
+.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics exercises clean
 
 help:
 	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
 	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site)"
 	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
+	@echo "make numerics   re-run the lessons under other processors' rounding; list claims that break"
 	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
 	@echo "make clean      remove _build"
 
@@ -69,6 +70,11 @@ test: lint grader-deps
 
 bench: $(STAMP)
 	$(BIN)/python -m attention_course.benchmarks
+
+# For authors: re-run the lessons under other processors' float rounding (AVX2 kernels, MKL's compatible
+# path, one thread) and list every claim that fails; a claim about a trained model must hold on any machine.
+numerics: $(STAMP)
+	$(BIN)/python -m tests.notebooks.numerics
 
 exercises: $(STAMP)
 	$(BIN)/python -m attention_course.grading.generate
