@@ -25,10 +25,8 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Gener
 
     Args:
         seed: the seed; lessons use the default 0 unless they compare runs.
-        deterministic: also ask for deterministic kernels where that costs the learner nothing. Without a
-            GPU, torch's deterministic-algorithms flag is set (warn-only, so that a kernel without a
-            deterministic version never raises inside a lesson). With a GPU, cuDNN and cuBLAS are made
-            deterministic but that flag is left off; see the comment in the code for why.
+        deterministic: also make cuDNN and cuBLAS deterministic (they matter only on a GPU). Torch's
+            global deterministic-algorithms flag is left as it is; see the comment in the code for why.
 
     Returns:
         A ``torch.Generator`` seeded with ``seed``, for code that wants a private stream of random numbers.
@@ -42,14 +40,14 @@ def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Gener
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
-        # The global flag is set only where no GPU can run a kernel. On CUDA some kernels the lessons use
+        # torch.use_deterministic_algorithms is not called. On the CPU the kernels the course runs are
+        # already deterministic for a given number of threads: with the flag on, a training run gave the
+        # same losses and weights bit for bit, and the call itself imports the compiler's configuration
+        # (about a second per process, paid by every lesson). On CUDA some kernels the lessons use
         # (chapter 01's cross-entropy over (batch, classes, length) logits, scatter-adds in embedding
         # backward passes) have no deterministic version: in warn-only mode they still run
-        # non-deterministically, so the flag would buy nothing there except a UserWarning printed under
-        # the learner's cell. On the CPU the flag selects deterministic variants and warns about nothing
-        # the course runs. GPU runs therefore promise equal results up to rounding, not bit for bit.
-        if not torch.cuda.is_available():
-            torch.use_deterministic_algorithms(True, warn_only=True)
+        # non-deterministically, so the flag would buy nothing except a UserWarning under the learner's
+        # cell. GPU runs therefore promise equal results up to rounding, not bit for bit.
     return torch.Generator().manual_seed(seed)
 
 

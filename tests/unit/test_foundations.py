@@ -31,26 +31,18 @@ def test_seed_everything_makes_python_numpy_and_torch_repeatable():
     assert draw_all_generators() != first
 
 
-def test_seed_everything_asks_for_deterministic_kernels(monkeypatch):
-    """The flag is set, in warn-only mode, through torch's public call (which imports the compiler's
-    configuration, about 0.85 s once per process: the price of using no private torch API)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # GPU runtimes: tests/unit/test_runtime.py
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(False)
-    try:
-        ac.seed_everything(0)
-        assert torch.are_deterministic_algorithms_enabled()
-        assert torch.is_deterministic_algorithms_warn_only_enabled()
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
 def modules_loaded_by(statement: str, *modules: str) -> list[bool]:
     """In a fresh interpreter: import the course, run ``statement``, report which of ``modules`` got imported."""
     code = (f"import json, sys, attention_course as ac; {statement}; "
             f"print(json.dumps([m in sys.modules for m in {list(modules)!r}]))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(result.stdout)
+
+
+def test_seeding_imports_no_compiler():
+    """Every lesson seeds first: it must not pay the second that importing torch's compiler costs
+    (torch.use_deterministic_algorithms imports it)."""
+    assert modules_loaded_by("ac.seed_everything(0)", "torch._inductor", "torch._dynamo") == [False, False]
 
 
 def test_importing_the_course_leaves_matplotlib_unloaded_until_a_plot_is_drawn():
