@@ -94,6 +94,14 @@ def _profiled_cpu_peak(fn: Callable[[], T]) -> tuple[T, int]:
     return result, peak
 
 
+def _warm_cuda_libraries(device: torch.device) -> None:
+    """Run one small product of each kind (mm, addmm, bmm), so that cuBLAS's persistent workspaces exist."""
+    a = torch.ones(8, 8, device=device)
+    torch.mm(a, a)
+    torch.addmm(a[0], a, a)
+    torch.bmm(a[None], a[None])
+
+
 def measure_peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, int]:
     """Run ``fn()`` and return ``(its result, the peak bytes it allocated on device)``.
 
@@ -105,7 +113,10 @@ def measure_peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu")
       allocator, in time order). ``tracemalloc`` cannot do this (it sees only Python's own allocations), and the
       process's resident memory is blurred by the system allocator keeping freed pages.
     - CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the bytes allocated
-      before the call.
+      before the call. The first matrix product on a GPU allocates cuBLAS's workspace (32 MiB on an H100) through
+      the same allocator and keeps it, so a small product runs before the first measurement: otherwise the
+      first call measured would carry that workspace (it did, making attention at n = 1024 look larger than
+      at n = 2048).
 
     The profiler slows the code down (a few microseconds per operation, plus about a second the first time
     it starts), so time and memory must be measured in separate runs.
@@ -114,6 +125,7 @@ def measure_peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu")
     if device.type == "cpu":
         return _profiled_cpu_peak(fn)
     if device.type == "cuda":
+        _warm_cuda_libraries(device)
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -95,6 +95,40 @@ def test_measure_peak_memory_sees_a_peak_not_a_total():
     assert 2 * 4 * n <= peak < 3 * 4 * n
 
 
+def test_measure_peak_memory_counts_no_cuda_library_workspace(monkeypatch):
+    """The first product on a GPU allocates cuBLAS's workspace; it must not land in the first measurement."""
+    if not torch.cuda.is_available():
+        # The warm-up itself runs on any machine: check that it is called, with the measured device.
+        import attention_course.cost as cost
+
+        warmed = []
+        monkeypatch.setattr(cost, "_warm_cuda_libraries", warmed.append)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123)
+        assert measure_peak_memory(lambda: "done", "cuda") == ("done", 123)
+        assert warmed == [torch.device("cuda")]
+        return
+    # On a GPU, in a fresh process (a warm one has its workspace already): n = 512 must not look larger than
+    # n = 1024 because it came first.
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, attention_course as ac\n"
+        "from attention_course.efficient import measure_peak_memory\n"
+        "peaks = []\n"
+        "for n in (512, 1024):\n"
+        "    q = torch.randn(1, 1, n, 64, device='cuda')\n"
+        "    peaks.append(measure_peak_memory(lambda: ac.scaled_dot_product_attention(q, q, q)[0], 'cuda')[1])\n"
+        "print(peaks[0], peaks[1])\n"
+    )
+    first, second = map(int, subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                                            text=True).stdout.split())
+    assert first < second / 2, (first, second)  # scores alone grow 4x from n = 512 to 1024
+
+
 def test_tiled_attention_never_holds_the_score_matrix():
     generator = torch.Generator().manual_seed(0)
     query, key, value = _qkv(generator, (1,), 768, 768, d_k=32, d_v=32, dtype=torch.float32)

@@ -24,6 +24,8 @@ __all__ = [
     "tensor_problem",
     "finite_problem",
     "close_problem",
+    "float32_atol",
+    "FLOAT32_ROUNDOFF",
     "rows_sum_problem",
     "non_negative_problem",
     "scalar_problem",
@@ -113,6 +115,23 @@ def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True, advice:
     kind = "NaN" if torch.isnan(value[tuple(index)]) else "an infinity"
     place = row_name(index[:-1]) if by_rows and value.dim() >= 2 else f"index {tuple(index)}"
     return f"{place} of {what} contains {kind}{advice}"
+
+
+#: float32's unit roundoff, 2⁻²⁴: one float32 operation may be off by this fraction of the numbers it handles.
+FLOAT32_ROUNDOFF = 2.0 ** -24
+
+
+def float32_atol(magnitude: float, atol: float = 1e-5, factor: float = 16.0) -> float:
+    """An absolute tolerance for a float32 answer computed through numbers as large as ``magnitude``.
+
+    A fixed tolerance suits inputs of order one. Where the computation handles much larger numbers (scores in
+    the hundreds or thousands, inputs far from zero next to their spread), correct float32 code is off by a few
+    times ``magnitude · 2⁻²⁴``, by a different amount for each summation order, processor and random case, so a
+    fixed tolerance fails some correct answers by chance (it did: one case in 60 for ex11's tiled attention).
+    ``factor`` such roundoffs are allowed on top of ``atol``; the margins test checks that correct answers stay
+    well inside every tolerance over many random cases, while the mutants test checks that wrong ones fail.
+    """
+    return max(atol, factor * FLOAT32_ROUNDOFF * float(magnitude))
 
 
 def close_problem(
