@@ -117,7 +117,7 @@ def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True, advice:
     return f"{place} of {what} contains {kind}{advice}"
 
 
-#: float32's unit roundoff, 2⁻²⁴: one float32 operation may be off by this fraction of the numbers it handles.
+#: The unit roundoff of float32 (2⁻²⁴), the fraction of its operands by which one float32 operation may be off.
 FLOAT32_ROUNDOFF = 2.0 ** -24
 
 
