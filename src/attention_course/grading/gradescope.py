@@ -44,8 +44,6 @@ __all__ = ["REFUSED_EXIT", "gradescope_results", "kill_sandbox_processes", "main
 
 #: Exit status of ``run`` when the learner's code cannot be isolated (as the grader's CLI).
 REFUSED_EXIT = 3
-#: Where Gradescope puts things (its autograder specification).
-AUTOGRADER = "/autograder"
 
 _SETUP = """\
 #!/usr/bin/env bash
@@ -193,9 +191,9 @@ def run(exercise_id: str, submission: Path, results_path: Path, timeout: float =
             not at all; ``"none"`` runs it unisolated, with the grader's rights (only for trying the bundle on
             your own notebooks; every message then says so).
 
-    Raises:
-        SandboxUnavailable: bubblewrap cannot start here (``isolation`` not ``"none"``). ``results_path`` is
-            written first, with 0 points and an output that says why nothing was graded.
+    Where bubblewrap cannot start (``isolation`` not ``"none"``), ``results_path`` is written with 0 points
+    and an output that says why nothing was graded, then ``SandboxUnavailable`` (from ``isolation``) is
+    raised; the command line turns it into exit status :data:`REFUSED_EXIT`.
     """
     from attention_course.grading.grader import grade_notebook
     from attention_course.grading.isolation import check_sandbox, clean_text
