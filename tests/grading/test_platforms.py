@@ -239,25 +239,35 @@ def test_gradescope_blank_learner_notebook_earns_nothing(autograder):
 
 
 # Runs at the top of the first part's graded cell: tries to rewrite results.json now, and leaves processes
-# (a new session, and a double-forked one) that try again after run_autograder has exited.
+# (a new session, and a double-forked one) that wait for the grader's results and then overwrite them.
 ATTACK = '''
 import json as _json, os as _os, subprocess as _subprocess, sys as _sys
 _forged = _json.dumps({{"score": {forged}, "output": "{marker}", "tests": []}})
-_late = ("import time, pathlib; time.sleep(2); "
-         "pathlib.Path('/autograder/results/results.json').write_text(" + repr(_forged) + "); "
-         "pathlib.Path('/autograder/results/{marker}').write_text('{marker}')")
+_late = """
+import pathlib, sys, time
+results = pathlib.Path("/autograder/results/results.json")
+for _ in range(1200):  # until the grader has written its results (they lack the marker), then overwrite
+    time.sleep(0.1)
+    try:
+        if "{marker}" not in results.read_text():
+            break
+    except OSError:
+        pass
+results.write_text(sys.argv[1])
+pathlib.Path("/autograder/results/{marker}").write_text("{marker}")
+"""
 for _path in ("/autograder/results/results.json", "/autograder/results/{marker}"):
     try:
         _os.makedirs(_os.path.dirname(_path), exist_ok=True)
         open(_path, "w").write(_forged)
     except OSError:
         pass
-_subprocess.Popen([_sys.executable, "-c", _late, "{marker}"], start_new_session=True,
+_subprocess.Popen([_sys.executable, "-c", _late, _forged], start_new_session=True,
                   stdout=_subprocess.DEVNULL, stderr=_subprocess.DEVNULL)
 if _os.fork() == 0:
     _os.setsid()
     if _os.fork() == 0:
-        _os.execv(_sys.executable, [_sys.executable, "-c", _late, "{marker}"])
+        _os.execv(_sys.executable, [_sys.executable, "-c", _late, _forged])
     _os._exit(0)
 '''
 
@@ -278,10 +288,35 @@ def test_gradescope_processes_left_by_the_learner_cannot_rewrite_the_results(aut
     # The attack's code does not break the solution below it: the grader's score, printed and written.
     assert results["score"] == exercise.max_score
     assert run.stdout.strip().startswith(f"{EXERCISE}: {exercise.max_score} of {exercise.max_score} points")
-    time.sleep(4)  # twice the delay of the processes the attack left
+    time.sleep(4)  # the attack's processes poll every 0.1 s
     assert (autograder.root / "results" / "results.json").read_bytes() == raw
     assert not _processes_with(MARKER)
     assert not _files_with(MARKER, autograder.root)
+
+
+@needs_bwrap
+@needs_root
+def test_gradescope_attack_succeeds_against_an_unisolated_grader(autograder):
+    # The control for the test above: run unisolated (--isolation none, which no bundle script passes), the
+    # same notebook does rewrite results.json after the grader has exited, so that test can fail.
+    marker_file = autograder.root / "results" / MARKER
+    try:
+        for name in ("submission", "results"):
+            shutil.rmtree(autograder.root / name, ignore_errors=True)
+        (autograder.root / "submission").mkdir()
+        nbformat.write(_hostile(nbformat.read(SOLUTION, as_version=4)), autograder.root / "submission" / NOTEBOOK)
+        run = autograder.run(["/autograder/venv/bin/python", "-m", "attention_course.grading.gradescope", "run",
+                              EXERCISE, "/autograder/submission", "/autograder/results/results.json",
+                              "--isolation", "none"])
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "UNISOLATED" in run.stdout
+        deadline = time.monotonic() + 30
+        while not marker_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        assert json.loads((autograder.root / "results" / "results.json").read_text())["score"] == FORGED
+    finally:
+        shutil.rmtree(autograder.root / "results", ignore_errors=True)
 
 
 @needs_bwrap
