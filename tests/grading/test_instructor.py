@@ -152,9 +152,11 @@ def test_gradescope_results_follow_the_documented_format(tmp_path):
 def test_gradescope_bundle_has_setup_run_package_and_exercise(tmp_path):
     archive = write_bundle("ex04", tmp_path / "ex04-autograder")
     names = set(zipfile.ZipFile(archive).namelist())
-    assert {"setup.sh", "run_autograder", "source/package/pyproject.toml",
-            "source/ex04_queries_keys_values.ipynb",
-            "source/package/src/attention_course/grading/exercises/ex04.py"} <= names
+    # Gradescope extracts the zip into /autograder/source: the scripts at its root, the package beside them.
+    assert {"setup.sh", "run_autograder", "package/pyproject.toml", "ex04_queries_keys_values.ipynb",
+            "package/src/attention_course/grading/exercises/ex04.py"} <= names
+    assert "/autograder/venv/bin/python -m pip install /autograder/source/package\n" in (
+        tmp_path / "ex04-autograder" / "setup.sh").read_text()
     run = (tmp_path / "ex04-autograder" / "run_autograder").read_text()
     assert 'gradescope run ex04 "$SUBMISSION" "$RESULTS"' in run
     assert "SUBMISSION=/autograder/submission\nRESULTS=/autograder/results/results.json\n" in run
