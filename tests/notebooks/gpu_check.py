@@ -14,8 +14,11 @@ every lesson and every exercise solution that way, each in a fresh kernel:
   kernels.
 - Notebooks run in parallel processes (``--jobs``), each kernel with ``OMP_NUM_THREADS`` set to its share
   of the cores, or the CPU cells of many kernels starve each other.
-- Each cell's time is logged (``--log-dir``, one file per notebook); a cell that runs longer than
+- Each cell's time is logged (``--log-dir``, one file per notebook, with the executed notebook beside it
+  when ``--keep`` is given); a cell that runs longer than
   ``--cell-limit`` seconds is stopped and named, and the notebook's remaining cells are skipped.
+- Exercise checks run without bubblewrap, as on Colab, where it is not installed: the check then runs the
+  learner's code unisolated and says so (``--with-bwrap`` keeps the sandbox where the machine has one).
 - At the end it lists every failing claim with its notebook, cell, the line that raised and the message.
 - On a GPU it appends the run (GPU name, date, each notebook's wall and kernel CPU time) to
   ``chapters/gpu_runs.json``, which the Runtimes page shows; ``--no-record`` skips that.
@@ -78,7 +81,7 @@ def describe_error(cell, output: dict) -> dict:
     return {"line": line, "claims": claims, "message": f"{output.get('ename')}: {output.get('evalue')}".strip()}
 
 
-def run_notebook(path: Path, cell_limit: float, log) -> dict:
+def run_notebook(path: Path, cell_limit: float, log, keep: Path | None = None) -> dict:
     """Execute ``path`` in a fresh kernel; return its timings and failures. Cell times go to ``log``."""
     import nbformat
     from nbclient import NotebookClient
@@ -114,8 +117,12 @@ def run_notebook(path: Path, cell_limit: float, log) -> dict:
         index = max(started) if started else -1
         stopped = {"cell": index, "seconds": None, "first_line": f"the kernel died: {error}"}
     wall = time.perf_counter() - wall
+    if keep is not None:
+        nbformat.write(notebook, keep)
     failures = []
     for index, cell in enumerate(notebook.cells):
+        if stopped and index == stopped["cell"]:
+            continue  # its KeyboardInterrupt is the stop, reported as such
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 failures.append({"cell": index, **describe_error(cell, output)})
@@ -148,9 +155,12 @@ def device_description() -> tuple[bool, str]:
     return False, "CPU, GPU sizes emulated"
 
 
-def kernel_environment(cuda: bool, threads: int, kernels_dir: Path) -> dict[str, str]:
-    """The environment of each kernel: nothing pinned, as on Colab; GPU sizes forced when there is no GPU."""
+def kernel_environment(cuda: bool, threads: int, kernels_dir: Path, ipython_dir: Path | None = None) -> dict[str, str]:
+    """The environment of each kernel: nothing pinned, as on Colab; GPU sizes forced when there is no GPU;
+    IPython's start-up files from ``ipython_dir`` when given."""
     env = {key: value for key, value in os.environ.items() if key not in PINNED}
+    if ipython_dir is not None:
+        env["IPYTHONDIR"] = str(ipython_dir)
     if not cuda:
         env["ATTENTION_COURSE_WORKLOAD"] = "gpu"
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
@@ -161,6 +171,20 @@ def kernel_environment(cuda: bool, threads: int, kernels_dir: Path) -> dict[str,
     return env
 
 
+# Run by every kernel at start-up (an IPython start-up file) unless --with-bwrap: bubblewrap looks absent.
+NO_BWRAP_STARTUP = """\
+import attention_course.grading.isolation as _isolation  # gpu-check: no bubblewrap, as on Colab
+_isolation.bwrap_path = lambda: None
+del _isolation
+"""
+
+
+def write_ipython_startup(directory: Path) -> None:
+    startup = directory / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    (startup / "00-no-bwrap.py").write_text(NO_BWRAP_STARTUP)
+
+
 def write_kernel_spec(directory: Path) -> None:
     spec = directory / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
@@ -168,11 +192,11 @@ def write_kernel_spec(directory: Path) -> None:
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
 
 
-def run_child(path: Path, env: dict[str, str], cell_limit: float, log_dir: Path) -> dict:
+def run_child(path: Path, env: dict[str, str], cell_limit: float, log_dir: Path, keep: bool) -> dict:
     log = log_dir / (path.stem + ".log")
     result = log_dir / (path.stem + ".json")
     command = [sys.executable, "-m", "tests.notebooks.gpu_check", "--child", str(path), "--cell-limit",
-               str(cell_limit), "--log-dir", str(log_dir)]
+               str(cell_limit), "--log-dir", str(log_dir), *(["--keep"] if keep else [])]
     completed = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
     if completed.returncode != 0 or not result.is_file():
         tail = (completed.stderr or completed.stdout)[-2000:]
@@ -226,10 +250,14 @@ def install_and_rerun(argv: list[str]) -> int:
     python = GPU_VENV / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(GPU_VENV)], check=True)
-    source = ["--no-index", "--find-links", str(WHEELS)] if WHEELS.is_dir() else []
-    print(f"installing the course into {name_of(GPU_VENV)} from {name_of(WHEELS) if source else 'the index'}")
-    # The system's torch satisfies the package's "torch>=2.2": pip keeps it and installs no other.
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *source, str(ROOT)], check=True)
+    # The system's torch satisfies the package's "torch>=2.2": pip keeps it and installs no other. The kernels
+    # import the working tree's src/ first (PYTHONPATH), so the installed copy only brings the dependencies.
+    if WHEELS.is_dir():
+        what = ["--no-index", "--find-links", str(WHEELS), "attention-course"]
+    else:
+        what = [str(ROOT)]
+    print(f"installing the course into {name_of(GPU_VENV)} from {name_of(WHEELS) if WHEELS.is_dir() else 'the index'}")
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *what], check=True)
     rest = [argument for argument in argv if argument != "--install"]
     return subprocess.call([str(python), "-m", "tests.notebooks.gpu_check", *rest], cwd=ROOT)
 
@@ -264,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds after which a cell is stopped (default: 300 on a GPU, 1800 otherwise)")
     parser.add_argument("--log-dir", type=Path, default=ROOT / "_build" / "gpu-check",
                         help="where each notebook's cell times go (default: _build/gpu-check)")
+    parser.add_argument("--with-bwrap", action="store_true",
+                        help="let exercise checks use bubblewrap (default: hidden, as on Colab)")
+    parser.add_argument("--keep", action="store_true", help="save each executed notebook in the log directory")
     parser.add_argument("--no-record", action="store_true", help="do not add a GPU run to chapters/gpu_runs.json")
     parser.add_argument("--install", action="store_true",
                         help="install what is missing into .gpu-venv (from .whl/ if present) and run there")
@@ -287,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         (path,) = notebooks
         with open(args.log_dir / (path.stem + ".log"), "w") as log:
-            result = run_notebook(path, args.cell_limit, log)
+            result = run_notebook(path, args.cell_limit, log,
+                                  args.log_dir / path.name if args.keep else None)
         (args.log_dir / (path.stem + ".json")).write_text(json.dumps(result))
         return 0
 
@@ -298,12 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     cell_limit = args.cell_limit or (300.0 if cuda else 1800.0)
     print(f"== {len(notebooks)} notebooks on {device}: {jobs} at once, OMP_NUM_THREADS={threads}, "
           f"cells stopped after {cell_limit:g} s; cell times in {args.log_dir}", flush=True)
-    with tempfile.TemporaryDirectory() as kernels_dir:
-        write_kernel_spec(Path(kernels_dir))
-        env = kernel_environment(cuda, threads, Path(kernels_dir))
+    with tempfile.TemporaryDirectory() as scratch:
+        kernels_dir, ipython_dir = Path(scratch) / "jupyter", Path(scratch) / "ipython"
+        write_kernel_spec(kernels_dir)
+        if not args.with_bwrap:
+            write_ipython_startup(ipython_dir)
+        env = kernel_environment(cuda, threads, kernels_dir, None if args.with_bwrap else ipython_dir)
         results = []
         with ThreadPoolExecutor(jobs) as pool:
-            futures = [pool.submit(run_child, path, env, cell_limit, args.log_dir) for path in notebooks]
+            futures = [pool.submit(run_child, path, env, cell_limit, args.log_dir, args.keep) for path in notebooks]
             for future in as_completed(futures):
                 results.append(future.result())
                 print("  " + summary_line(results[-1]), flush=True)
