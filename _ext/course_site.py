@@ -413,7 +413,8 @@ def gpu_table_directive():
         def run(self):
             env = self.state.document.settings.env
             path = Path(env.srcdir) / GPU_RUNS
-            env.note_dependency(str(path))
+            if path.exists():
+                env.note_dependency(str(path))  # a new run rebuilds the page
             table = gpu_run_table(json.loads(path.read_text(encoding="utf-8")) if path.exists() else [])
             if table is None:
                 return [nodes.paragraph(text="No GPU run has been recorded yet: the times above are all the "

@@ -91,3 +91,24 @@ def test_the_startup_file_hides_bubblewrap_as_on_colab(tmp_path, monkeypatch):
     assert env["IPYTHONDIR"] == str(tmp_path)
     monkeypatch.delenv("IPYTHONDIR", raising=False)
     assert "IPYTHONDIR" not in gpu_check.kernel_environment(False, 1, tmp_path)  # --with-bwrap
+
+
+def test_the_runtimes_page_directive_renders_the_latest_run_or_says_there_is_none(tmp_path):
+    from types import SimpleNamespace
+
+    directive_class = course_site.gpu_table_directive()
+    env = SimpleNamespace(srcdir=str(tmp_path), note_dependency=lambda path: None)
+    state = SimpleNamespace(document=SimpleNamespace(settings=SimpleNamespace(env=env)))
+    directive = directive_class.__new__(directive_class)
+    directive.state = state
+    (note,) = directive.run()
+    assert note.astext().startswith("No GPU run has been recorded yet")
+    record = tmp_path / course_site.GPU_RUNS
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps([{"date": "2026-11-26", "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
+                                   "parallel_notebooks": 8, "threads_per_kernel": 2,
+                                   "notebooks": {"01_why_attention": {"wall_s": 41.2, "passed": True}}}]))
+    caption, table = directive.run()
+    assert caption.astext().startswith("Measured on NVIDIA H100 80GB HBM3 on 2026-11-26")
+    cells = [entry.astext() for entry in table.findall(course_site.nodes.entry)]
+    assert cells == ["Notebook", "Wall on the GPU (s)", "Claims", "01_why_attention", "41", "passed"]
