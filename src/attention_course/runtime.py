@@ -134,10 +134,10 @@ def workload(cpu: T, gpu: T, device: torch.device | str | None = None) -> T:
     forced = os.environ.get(WORKLOAD_ENV, "").strip().lower()
     if forced not in ("", "cpu", "gpu"):
         raise ValueError(f"{WORKLOAD_ENV} must be 'gpu', 'cpu' or empty, got {forced!r}")
-    on_a_gpu = on_gpu(device)  # also checks the type of ``device`` when the choice is forced
     if forced:
+        _as_device(device)  # a device of the wrong type is an error all the same
         return gpu if forced == "gpu" else cpu
-    return gpu if on_a_gpu else cpu
+    return gpu if on_gpu(device) else cpu
 
 
 #: The CUDA compute capability from which a GPU runs bfloat16 arithmetic natively (Ampere: A100, RTX 30xx).
