@@ -10,13 +10,14 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics exercises clean
+.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises clean
 
 help:
 	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
 	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site)"
 	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
 	@echo "make numerics   re-run the lessons under other processors' rounding; list claims that break"
+	@echo "make gpu-check  run every lesson and solution live at its GPU sizes (emulated without a GPU); list claims that break"
 	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
 	@echo "make clean      remove _build"
 
@@ -75,6 +76,13 @@ bench: $(STAMP)
 # path, one thread) and list every claim that fails; a claim about a trained model must hold on any machine.
 numerics: $(STAMP)
 	$(BIN)/python -m tests.notebooks.numerics
+
+# For authors: execute every lesson and solution live, as on a Colab GPU runtime, at the GPU workloads (on the CPU
+# with the GPU sizes forced when there is no GPU); list failing claims and cells stopped by the time limit. On a
+# GPU machine without the course's environment it installs what it needs into .gpu-venv (from .whl/ if present).
+# Options: GPU_CHECK_ARGS="--jobs 4 --cell-limit 600 chapters/01_why_attention.ipynb" (see --help).
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m tests.notebooks.gpu_check --install $(GPU_CHECK_ARGS)
 
 exercises: $(STAMP)
 	$(BIN)/python -m attention_course.grading.generate

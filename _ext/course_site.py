@@ -12,6 +12,9 @@
   is read: the kernel is a child process, reaped when its notebook is done) and written, with the wall time,
   to ``_build/html/cpu-times.json`` and the Runtimes page's table (``{course-cpu-table}``). CPU time does
   not grow when other work shares the machine, so the runtime budgets are checked on it.
+- GPU runs recorded by ``make gpu-check`` on a GPU (``chapters/gpu_runs.json``) are listed on the Runtimes page
+  (``{course-gpu-table}``): the latest run's time per notebook, with the GPU's name and the date. Nothing is
+  shown as measured on a GPU unless such a run was recorded.
 - The search ranks the lessons above the glossary and the exercise pages for a term they share.
 - Library source dumps (``ac.show``) and MathJax stay out of the keyboard's way (see _static/course.css and the
   MathJax settings in _config.yml).
@@ -382,6 +385,60 @@ def resolve_reexports(app: Sphinx, env, node, contnode):
     return None
 
 
+# --- GPU runs recorded by `make gpu-check` -------------------------------------------------------------------------
+
+GPU_RUNS = "chapters/gpu_runs.json"
+
+
+def gpu_run_table(runs: list[dict]) -> tuple[str, list[tuple[str, str, str]]] | None:
+    """The latest recorded GPU run: a caption naming the GPU and the date, and one row per notebook
+    ``(notebook, wall seconds on the GPU, "passed" or "failed")``; None when no run was recorded."""
+    if not runs:
+        return None
+    run = runs[-1]
+    caption = (f"Measured on {run['device']} on {run['date']} (PyTorch {run['torch']}, {run['parallel_notebooks']}"
+               f" notebooks at once, {run['threads_per_kernel']} CPU threads each), by make gpu-check.")
+    rows = [(name, "-" if entry["wall_s"] is None else f"{entry['wall_s']:.0f}",
+             "passed" if entry["passed"] else "failed")
+            for name, entry in sorted(run["notebooks"].items())]
+    return caption, rows
+
+
+def gpu_table_directive():
+    from docutils.parsers.rst import Directive
+
+    class CourseGpuTable(Directive):
+        """``{course-gpu-table}``: the latest GPU run in chapters/gpu_runs.json, or a note that there is none."""
+
+        def run(self):
+            env = self.state.document.settings.env
+            path = Path(env.srcdir) / GPU_RUNS
+            if path.exists():
+                env.note_dependency(str(path))  # a new run rebuilds the page
+            table = gpu_run_table(json.loads(path.read_text(encoding="utf-8")) if path.exists() else [])
+            if table is None:
+                return [nodes.paragraph(text="No GPU run has been recorded yet: the times above are all the "
+                                             "site reports.")]
+            caption, rows = table
+            result = nodes.table(classes=["course-gpu-table"], ids=["gpu-times"])
+            group = nodes.tgroup(cols=3)
+            result += group
+            group.extend(nodes.colspec(colwidth=width) for width in (60, 20, 20))
+            head, body = nodes.thead(), nodes.tbody()
+            group += head
+            group += body
+            for target, cells in [(head, ("Notebook", "Wall on the GPU (s)", "Claims"))] + [(body, r) for r in rows]:
+                row = nodes.row()
+                for cell in cells:
+                    entry = nodes.entry()
+                    entry += nodes.paragraph(text=cell)
+                    row += entry
+                target += row
+            return [nodes.paragraph(text=caption), result]
+
+    return CourseGpuTable
+
+
 # --- site-wide assets ---------------------------------------------------------------------------------------------
 
 
@@ -392,6 +449,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("missing-reference", resolve_reexports)
     app.add_node(cpu_table_placeholder)
     app.add_directive("course-cpu-table", cpu_table_directive())
+    app.add_directive("course-gpu-table", gpu_table_directive())
     app.connect("source-read", start_clock)
     app.connect("doctree-read", stop_clock)
     app.connect("env-purge-doc", purge_clock)

@@ -423,13 +423,37 @@ def _live_figure(
     import ipywidgets as widgets
     from IPython.display import display
 
-    from attention_course.plotting import show_figure
-
     inputs = {name: control.widget() for name, control in controls.items()}
+    output = widgets.Output()
 
-    def redraw(**values: Any) -> None:
-        show_figure(draw(**values), alt=_alt_text(alt, values))
+    def redraw(change: Any = None) -> None:
+        values = {name: widget.value for name, widget in inputs.items()}
+        image = _figure_html(draw(**values), _alt_text(alt, values))
+        # The frame is set as the Output widget's state, not captured with ``with output:``. Capturing
+        # makes a headless executor (nbclient, which runs the notebooks for the book, the tests and
+        # `make gpu-check`) echo every captured output back to the kernel on the shell channel while
+        # it waits there for the cell's reply; when the two cross, pyzmq's poll can miss the reply and
+        # the cell sits until the executor's timeout (seen on a GPU runtime: 90 to 250 s). Setting the
+        # state sends nothing back, and Jupyter, Colab and VS Code draw it the same way.
+        output.outputs = ({"output_type": "display_data", "data": {"text/html": image, "text/plain": _plain(image)},
+                           "metadata": {}},)
 
-    output = widgets.interactive_output(redraw, inputs)
+    for widget in inputs.values():
+        widget.observe(redraw, names="value")
+    redraw()
     row = widgets.HBox(list(inputs.values()), layout=widgets.Layout(flex_flow="row wrap"))
     display(widgets.VBox([row, output]))
+
+
+def _plain(image_html: str) -> str:
+    """The alt text of an ``<img>`` built by :func:`_figure_html`, for front ends that show no HTML."""
+    start = image_html.index('alt="') + len('alt="')
+    return html.unescape(image_html[start:image_html.index('"', start)])
+
+
+def _figure_html(fig: Figure, alt: str) -> str:
+    """``fig`` as an ``<img>`` carrying ``alt``, at twice its dpi and shown at its 1x size; closes it."""
+    data, width, height = _png(fig)
+    encoded = base64.b64encode(data).decode("ascii")
+    return (f'<img alt="{html.escape(alt, quote=True)}" src="data:image/png;base64,{encoded}" '
+            f'width="{width}" height="{height}"/>')

@@ -3,7 +3,9 @@
 Notebooks call :func:`seed_everything` so that re-running gives the same text outputs, and
 :func:`get_device` so that the same cell runs on a laptop CPU, in CI, and on a Colab GPU. Work sizes
 that should grow with the hardware go through :func:`workload`, which returns the CPU budget (what keeps a
-lesson within its runtime budget on two cores) or the GPU budget.
+lesson within its runtime budget on two cores) or the GPU budget. An author can force either budget on any
+device with the environment variable ``ATTENTION_COURSE_WORKLOAD`` (``make gpu-check`` sets it to ``gpu`` to
+check every claim at the sizes a GPU learner gets, on a machine without a GPU).
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["seed_everything", "get_device", "on_gpu", "workload"]
+__all__ = ["WORKLOAD_ENV", "BF16_NATIVE_CAPABILITY", "autocast_dtype", "seed_everything", "get_device", "on_gpu",
+           "workload"]
+
+#: The environment variable that forces :func:`workload`'s choice: ``gpu`` (GPU sizes even on the CPU, for
+#: checking a GPU learner's claims without a GPU) or ``cpu``; unset or empty, the device decides.
+WORKLOAD_ENV = "ATTENTION_COURSE_WORKLOAD"
 
 
 def seed_everything(seed: int = 0, *, deterministic: bool = True) -> torch.Generator:
@@ -113,11 +120,58 @@ def workload(cpu: T, gpu: T, device: torch.device | str | None = None) -> T:
             exists), so choosing the CPU on a GPU runtime also chooses the CPU budget.
 
     Returns:
-        ``gpu`` when ``device`` is a CUDA device, else ``cpu``.
+        ``gpu`` when ``device`` is a CUDA device, else ``cpu``; the environment variable
+        ``ATTENTION_COURSE_WORKLOAD`` (``gpu`` or ``cpu``), when set, overrides the device.
+
+    Raises:
+        ValueError: ``ATTENTION_COURSE_WORKLOAD`` set to anything but ``gpu``, ``cpu`` or empty.
 
     Example:
         >>> steps = workload(cpu=300, gpu=3000, device=torch.device("cpu"))   # training steps
         >>> steps
         300
     """
+    forced = os.environ.get(WORKLOAD_ENV, "").strip().lower()
+    if forced not in ("", "cpu", "gpu"):
+        raise ValueError(f"{WORKLOAD_ENV} must be 'gpu', 'cpu' or empty, got {forced!r}")
+    if forced:
+        _as_device(device)  # a device of the wrong type is an error all the same
+        return gpu if forced == "gpu" else cpu
     return gpu if on_gpu(device) else cpu
+
+
+#: The CUDA compute capability from which a GPU runs bfloat16 arithmetic natively (Ampere: A100, RTX 30xx).
+BF16_NATIVE_CAPABILITY = (8, 0)
+
+
+def autocast_dtype(
+    device: torch.device | str | None = None, capability: tuple[int, int] | None = None
+) -> torch.dtype | None:
+    """The 16-bit type to train in under ``torch.autocast`` on ``device``, or None for float32.
+
+    bfloat16 where the GPU runs it natively (compute capability 8.0 or newer); float16 on older GPUs, such
+    as Colab's free T4 (7.5), where float16 needs a gradient scaler (``torch.amp.GradScaler``) so that
+    small gradients do not flush to zero; None on a CPU. ``torch.cuda.is_bf16_supported()`` is not the
+    test: it can report True on a GPU that only emulates bfloat16, slowly.
+
+    Args:
+        device: the device the model trains on (default: the course device).
+        capability: the GPU's compute capability as ``(major, minor)``; by default it is asked of the
+            GPU. Passing it forces the choice, which lets the float16 path be tested anywhere.
+
+    Returns:
+        ``torch.bfloat16``, ``torch.float16``, or ``None`` on a CPU.
+
+    Raises:
+        ValueError: ``capability`` that is not a pair of non-negative ints.
+    """
+    device = _as_device(device)
+    if capability is not None:
+        if (not isinstance(capability, tuple) or len(capability) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in capability)):
+            raise ValueError(f"capability must be a (major, minor) pair of ints such as (7, 5), got {capability!r}")
+    elif device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+    else:
+        return None
+    return torch.bfloat16 if tuple(capability) >= BF16_NATIVE_CAPABILITY else torch.float16

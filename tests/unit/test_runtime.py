@@ -107,3 +107,74 @@ def test_the_library_uses_no_private_pytorch_api():
                     private.append(f"{path.name}:{node.lineno} from {node.module} import ...")
     assert private == [], f"private PyTorch names in the library: {private}"
 
+
+
+def test_workload_environment_forces_the_gpu_sizes_on_the_cpu(monkeypatch):
+    """make gpu-check sets ATTENTION_COURSE_WORKLOAD=gpu to check a GPU learner's claims without a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "_course_device", None)
+    monkeypatch.delenv("ATTENTION_COURSE_DEVICE", raising=False)
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "gpu")
+    assert ac.get_device() == torch.device("cpu") and not ac.on_gpu()  # the device stays the CPU
+    assert ac.workload(cpu=10, gpu=100) == 100
+    assert ac.workload(cpu=10, gpu=100, device="cpu") == 100
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "cpu")
+    assert ac.workload(cpu=10, gpu=100, device="cuda") == 10
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "")
+    assert ac.workload(cpu=10, gpu=100, device="cpu") == 10
+    assert ac.workload(cpu=10, gpu=100, device="cuda") == 100
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "GPU ")  # case and spaces do not matter
+    assert ac.workload(cpu=10, gpu=100) == 100
+
+
+def test_workload_environment_rejects_an_unknown_value(monkeypatch):
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "tpu")
+    with pytest.raises(ValueError, match="ATTENTION_COURSE_WORKLOAD must be 'gpu', 'cpu' or empty, got 'tpu'"):
+        ac.workload(cpu=1, gpu=2, device="cpu")
+    monkeypatch.setenv("ATTENTION_COURSE_WORKLOAD", "gpu")
+    with pytest.raises(TypeError, match="device must be"):
+        ac.workload(cpu=1, gpu=2, device=0)
+
+
+def test_autocast_dtype_is_bfloat16_only_where_the_gpu_runs_it_natively():
+    assert runtime.autocast_dtype("cpu") is None
+    assert runtime.autocast_dtype("cpu", capability=(7, 5)) is torch.float16  # a T4: forced choice
+    assert runtime.autocast_dtype("cpu", capability=(7, 0)) is torch.float16  # a V100
+    assert runtime.autocast_dtype("cpu", capability=(8, 0)) is torch.bfloat16  # an A100
+    assert runtime.autocast_dtype("cpu", capability=(9, 0)) is torch.bfloat16  # an H100
+    for bad in [(8,), "8.0", (8, -1), (8.0, 0), (True, 0)]:
+        with pytest.raises(ValueError, match="capability must be a"):
+            runtime.autocast_dtype("cpu", capability=bad)
+
+
+def test_autocast_dtype_asks_the_gpu_for_its_capability(gpu_runtime, monkeypatch):
+    """torch.cuda.is_bf16_supported() may say True on a T4 (emulated); the capability decides."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    for capability, expected in [((7, 5), torch.float16), ((8, 6), torch.bfloat16)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert runtime.autocast_dtype("cuda") is expected
+
+
+def test_the_float16_path_trains_with_a_gradient_scaler_on_the_cpu():
+    """The T4 path (float16 autocast and a GradScaler), forced on the CPU: the loss falls, weights stay float32."""
+    dtype = runtime.autocast_dtype("cpu", capability=(7, 5))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype is torch.float16)
+    x = torch.randn(64, 8)
+    y = x[:, :1] - 2 * x[:, 1:2]
+    losses = []
+    for _ in range(30):
+        with torch.autocast("cpu", dtype=dtype):
+            prediction = model(x)
+            assert prediction.dtype is torch.float16  # the matrix products ran in float16
+            loss = torch.nn.functional.mse_loss(prediction.float(), y)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    assert scaler.is_enabled() and scaler.get_scale() > 1  # the scaler was in use
+    assert all(p.dtype is torch.float32 and torch.isfinite(p).all() for p in model.parameters())
+    assert losses[-1] < 0.5 * losses[0]
