@@ -71,3 +71,13 @@ from attention_course.grouped_query import grouped_query_attention
 from attention_course.layers import DecoderLayerCache
 from attention_course.masks import sliding_window_mask
 from attention_course.rotary import apply_rotary
+
+# Chapter 16: what attention heads learn
+from attention_course.interpretability import (
+    AttentionOnlyLM,
+    ablate_heads,
+    capture_attention,
+    composition_scores,
+    induction_score,
+    previous_token_score,
+)

@@ -297,6 +297,40 @@ def one_hot_of_first_max(scores):
             torch.einsum("...qk,...qd->...kd", ds, query) * scale,
             torch.einsum("...qk,...qd->...kd", p, grad_output))""",
     }),
+    # ex16: a generator seeded in two steps and .repeat, the induction score by loops, heads summed one by one
+    Learner("ex16_loops_and_skipped_heads", "ex16_what_heads_learn", answers={
+        "repeated_batch": """\
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch_size, half_length), generator=g).repeat(1, 2)""",
+        "induction_score": """\
+    total = torch.zeros(weights.shape[1], dtype=weights.dtype)
+    count = 0
+    for b in range(tokens.shape[0]):
+        for i in range(tokens.shape[1]):
+            keys = [j + 1 for j in range(i) if tokens[b, j] == tokens[b, i]]
+            if keys:
+                total = total + weights[b, :, i, keys].sum(dim=-1)
+                count += 1
+    return total / count""",
+        "ablation_loss_change": """\
+    def logits_without(skip):
+        length = x.shape[1]
+        future = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+        residual = x
+        for h in range(W_Q.shape[0]):
+            if h == skip:
+                continue
+            scores = (x @ W_Q[h]) @ (x @ W_K[h]).transpose(1, 2) * W_Q.shape[-1] ** -0.5
+            pattern = scores.masked_fill(future, -math.inf).softmax(dim=-1)
+            residual = residual + pattern @ (x @ W_V[h]) @ W_O[h]
+        return residual @ W_U
+
+    def cross_entropy(z):
+        return F.cross_entropy(z[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()).item()
+
+    return cross_entropy(logits_without(head)) - cross_entropy(logits_without(-1))""",
+    }),
     Learner("bug_hunt_float64", BUG_HUNT, answers={
         "layer_norm": """\
     x64 = x.double()

@@ -19,6 +19,7 @@ SOLUTIONS = ROOT / "exercises" / "solutions"
 EX02 = "ex02_hard_and_soft_attention"
 BUG_HUNT = "ex_bug_hunt"
 EX14 = "ex14_positions_for_long_contexts"
+EX16 = "ex16_what_heads_learn"
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,23 @@ MUTANTS = [
            "grad_weights - delta.unsqueeze(-1)", "grad_weights"),
     Mutant("tile_grads_unscaled", "ex15_attention_at_inference_scale", "flash_backward_tile",
            "grad_query = grad_scores @ key * scale", "grad_query = grad_scores @ key"),
+    # --- ex16 (notebook ex16_what_heads_learn) -----------------------------------------------------------
+    Mutant("induction_target_off_by_one", EX16, "induction_score",
+           "targets[:, :, 1:] = earlier[:, :, :-1]", "targets = earlier.clone()"),
+    Mutant("induction_scores_the_first_half", EX16, "induction_score",
+           "scored = targets.any(dim=-1)", "scored = (positions < length // 2)[None].expand_as(tokens)"),
+    Mutant("induction_averages_every_query", EX16, "induction_score",
+           "scored = targets.any(dim=-1)", "scored = torch.ones_like(tokens, dtype=torch.bool)"),
+    Mutant("repeat_redrawn", EX16, "repeated_batch",
+           "return torch.cat([first, first], dim=1)",
+           "return torch.cat([first, torch.randint(vocab_size, first.shape, generator=generator)], dim=1)"),
+    Mutant("ablation_before_softmax_renormalises", EX16, "ablation_loss_change",
+           "        if ablated is not None:\n            outputs = outputs.clone()\n"
+           "            outputs[:, ablated] = 0.0  # the head writes nothing\n",
+           "        if ablated is not None:\n            scores = scores.clone()\n"
+           "            scores[:, ablated] = 0.0  # the softmax renormalises these\n"
+           "            weights = torch.softmax(scores.masked_fill(~causal, float(\"-inf\")), dim=-1)\n"
+           "            outputs = weights @ v\n"),
     # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
     Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),

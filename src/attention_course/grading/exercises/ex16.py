@@ -1,0 +1,305 @@
+"""Exercise 16, what heads learn: the checks behind ``exercises/ex16_what_heads_learn.ipynb``.
+
+The learner builds chapter 16's three measuring tools: the batch of repeated random tokens on which induction
+heads show themselves, the induction score of every head from its attention weights and the tokens, and the
+change in loss when one head of a one-layer attention-only model is knocked out (zero ablation).
+
+References come from the library (:func:`attention_course.interpretability.repeated_random_tokens`,
+:func:`attention_course.interpretability.induction_score`) and, for the ablation, from a float64 forward pass
+written here. The specific messages recognise the usual mistakes: halves that do not repeat, tokens not drawn
+as specified, the earlier occurrence itself taken as the induction target (one key too early), queries scored
+that have no earlier occurrence (or only the first half scored), and an ablation that changes the head's
+scores or weights before the softmax, which renormalises them into a uniform average instead of silencing it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from attention_course.grading.compare import (
+    close_problem,
+    f64,
+    first_problem,
+    fmt,
+    matches,
+    scalar_problem,
+    tensor_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
+from attention_course.interpretability import induction_score as reference_induction_score
+from attention_course.interpretability import repeated_random_tokens as reference_repeated
+
+PREAMBLE = preamble()
+
+
+# --- part 1: the repeated-sequence batch ---------------------------------------------------------------------
+def _batch_cases(g: torch.Generator) -> list[Case]:
+    seed = int(torch.randint(0, 10_000, (), generator=g))
+    return [
+        Case("4 sequences, half length 6, 10 token types", (4, 6, 10, seed)),
+        Case("1 sequence, half length 20, 50 token types", (1, 20, 50, seed + 1)),
+        Case("8 sequences, half length 3, 2 token types", (8, 3, 2, seed + 2)),
+        Case("3 sequences, half length 1, 7 token types", (3, 1, 7, seed + 3)),
+    ]
+
+
+def _verify_batch(case: Case, output: Any) -> str | None:
+    batch, half, vocab, seed = case.args
+    expected = reference_repeated(batch, half, vocab, torch.Generator().manual_seed(seed))
+
+    def halves() -> str | None:
+        if torch.equal(output[:, :half], output[:, half:]):
+            return None
+        return ("the second half of each sequence must repeat the first, token for token: tokens[:, n:] equal to "
+                "tokens[:, :n] (draw n tokens once and concatenate them with themselves)")
+
+    def drawn() -> str | None:
+        if output.dtype != torch.int64:
+            return f"expected int64 token ids, got dtype {output.dtype}"
+        if int(output.min()) < 0 or int(output.max()) >= vocab:
+            low, high = int(output.min()), int(output.max())
+            return f"token ids must lie in 0 .. {vocab - 1}, yours range from {low} to {high}"
+        if torch.equal(output, expected):
+            return None
+        return ("your tokens are not the ones torch.randint(vocab_size, (batch_size, half_length), generator=...) "
+                "draws from a generator seeded with seed: make torch.Generator().manual_seed(seed), draw the "
+                "first half with it, in one call")
+
+    return first_problem(
+        lambda: tensor_problem(output, "your batch", (batch, 2 * half), floating=False),
+        halves,
+        drawn,
+    )
+
+
+# --- part 2: the induction score -----------------------------------------------------------------------------
+def _causal_weights(g: torch.Generator, batch: int, heads: int, length: int) -> torch.Tensor:
+    scores = randn(g, batch, heads, length, length, scale=2.0)
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def _induction_pattern(tokens: torch.Tensor) -> torch.Tensor:
+    """(B, 3, L, L) on repeated tokens: head 0 a perfect induction head, head 1 attends to the earlier
+    occurrence itself (one key too early), head 2 to the query's own position."""
+    batch, length = tokens.shape
+    half = length // 2
+    weights = torch.eye(length).repeat(batch, 3, 1, 1)
+    for i in range(half, length):
+        weights[:, :2, i] = 0.0
+        weights[:, 0, i, i - half + 1] = 1.0
+        weights[:, 1, i, i - half] = 1.0
+    return weights
+
+
+def _induction_cases(g: torch.Generator) -> list[Case]:
+    def repeated(batch: int, half: int, vocab: int) -> torch.Tensor:
+        return reference_repeated(batch, half, vocab, g)
+
+    few_types = repeated(2, 8, 4)  # many accidental repeats in the first half
+    perfect_tokens = torch.stack([torch.randperm(30, generator=g)[:6] for _ in range(3)]).repeat(1, 2)
+    text_like = torch.randint(0, 6, (2, 12), generator=g)  # not a repeated sequence: repeats anywhere
+    return [
+        Case("3 sequences of 2 x 6 distinct tokens: a perfect induction head, a head on the earlier occurrence, "
+             "a head on the diagonal", (_induction_pattern(perfect_tokens), perfect_tokens)),
+        Case("random causal weights (2, 4, 16, 16), repeated sequences of 16 token types",
+             (_causal_weights(g, 2, 4, 16), repeated(2, 8, 16))),
+        Case("random causal weights (2, 3, 16, 16), repeated sequences of 4 token types (repeats in both halves)",
+             (_causal_weights(g, 2, 3, 16), few_types)),
+        Case("random causal weights (2, 2, 12, 12), tokens not repeated as halves (6 token types)",
+             (_causal_weights(g, 2, 2, 12), text_like)),
+        Case("random causal weights (1, 2, 10, 10) in float64, repeated sequences of 50 token types",
+             (_causal_weights(g, 1, 2, 10).double(), repeated(1, 5, 50))),
+    ]
+
+
+def _targets(tokens: torch.Tensor, shift: int) -> torch.Tensor:
+    """(B, L, L) bool: key j + shift for every earlier occurrence j of query i's token."""
+    length = tokens.size(1)
+    positions = torch.arange(length)
+    earlier = (tokens[:, :, None] == tokens[:, None, :]) & (positions[None, :] < positions[:, None])
+    targets = torch.zeros_like(earlier)
+    if shift == 0:
+        return earlier
+    targets[:, :, 1:] = earlier[:, :, :-1]
+    return targets
+
+
+def _score(weights: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    on_targets = (f64(weights) * targets[:, None].double()).sum(dim=-1)  # (B, H, L)
+    return (on_targets * scored[:, None].double()).sum(dim=(0, 2)) / scored.sum().clamp(min=1)
+
+
+def _first_half_only(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    length = tokens.size(1)
+    first = (torch.arange(length) < length // 2)[None].expand_as(tokens)
+    return _score(weights, _targets(tokens, 1), first)
+
+
+INDUCTION_MISTAKES = (
+    Mistake(lambda w, t: _score(w, _targets(t, 0), _targets(t, 0).any(-1)),
+            "you measured the attention on the earlier occurrence of the token itself (key j): the induction "
+            "target is the key right after it (j + 1), the token that came next last time"),
+    Mistake(lambda w, t: _score(w, _targets(t, 1), torch.ones_like(t, dtype=torch.bool)),
+            "you averaged over every query: only queries whose token occurred earlier have an induction target, "
+            "and only they count"),
+    Mistake(_first_half_only,
+            "you scored the queries of the first half: the induction targets are those of the queries whose "
+            "token occurred before (on a repeated sequence, the second half)"),
+)
+
+
+def _verify_induction(case: Case, output: Any) -> str | None:
+    weights, tokens = case.args
+    expected = reference_induction_score(f64(weights), tokens)  # (H,)
+
+    def values() -> str | None:
+        problem = close_problem(output, expected, "your scores", "the induction score", atol=1e-5, rtol=1e-4)
+        if problem is None:
+            return None
+        return diagnose(INDUCTION_MISTAKES, output, weights, tokens) or problem
+
+    return first_problem(lambda: tensor_problem(output, "your scores", (weights.size(1),)), values)
+
+
+# --- part 3: an ablation's loss change -----------------------------------------------------------------------
+def _model_inputs(g: torch.Generator, batch: int, length: int, d_model: int, heads: int,
+                  vocab: int) -> tuple[torch.Tensor, ...]:
+    d_head = d_model // heads
+    x = randn(g, batch, length, d_model)
+    w_q, w_k, w_v = (randn(g, heads, d_model, d_head, scale=d_model ** -0.5 * 2) for _ in range(3))
+    w_o = randn(g, heads, d_head, d_model, scale=d_head ** -0.5)
+    w_u = randn(g, d_model, vocab, scale=d_model ** -0.5 * 2)
+    tokens = torch.randint(0, vocab, (batch, length), generator=g)
+    return x, w_q, w_k, w_v, w_o, w_u, tokens
+
+
+def _ablation_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 0", (*_model_inputs(g, 2, 6, 8, 2, 5), 0)),
+        Case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 1", (*_model_inputs(g, 2, 6, 8, 2, 5), 1)),
+        Case("3 sequences of 9, d_model 12, 4 heads, 7 tokens: ablate head 2", (*_model_inputs(g, 3, 9, 12, 4, 7), 2)),
+        Case("1 sequence of 2 (one prediction), d_model 4, 1 head, 3 tokens: ablate head 0",
+             (*_model_inputs(g, 1, 2, 4, 1, 3), 0)),
+    ]
+
+
+def _logits(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_o: torch.Tensor,
+            w_u: torch.Tensor, head: int | None, how: str = "output") -> torch.Tensor:
+    """A one-layer attention-only model in float64; ``how`` says where head ``head`` is ablated."""
+    x, w_q, w_k, w_v, w_o, w_u = map(f64, (x, w_q, w_k, w_v, w_o, w_u))
+    q = torch.einsum("bld,hde->bhle", x, w_q)
+    k = torch.einsum("bld,hde->bhle", x, w_k)
+    v = torch.einsum("bld,hde->bhle", x, w_v)
+    length = x.size(1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, L, L)
+    if head is not None and how == "scores":
+        scores = scores.clone()
+        scores[:, head] = 0.0
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    outputs = weights @ v  # (B, H, L, d_head)
+    if head is not None and how == "output":
+        outputs = outputs.clone()
+        outputs[:, head] = 0.0
+    residual = x + torch.einsum("bhle,hed->bld", outputs, w_o)
+    return residual @ w_u  # (B, L, V)
+
+
+def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1)))
+
+
+def _change(case_args: tuple, how: str = "output", sign: float = 1.0) -> float:
+    *model, tokens, head = case_args
+    clean = _loss(_logits(*model, None), tokens)
+    ablated = _loss(_logits(*model, head, how), tokens)
+    return sign * (ablated - clean)
+
+
+ABLATION_MISTAKES = (
+    Mistake(lambda args: _change(args, how="scores"),
+            "your ablated head still writes: you changed its scores (or weights) before the softmax, which "
+            "renormalises them into an average of the values; zero the head's output (weights @ values) instead"),
+    Mistake(lambda args: _change(args, sign=-1.0),
+            "your change has the wrong sign: return the ablated loss minus the clean loss (positive when the "
+            "head helped)"),
+)
+
+
+def _verify_ablation(case: Case, output: Any) -> str | None:
+    expected = _change(case.args)
+
+    def values() -> str | None:
+        got = float(output)
+        if math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-5):
+            return None
+        known = diagnose(ABLATION_MISTAKES, got, case.args,
+                         matches=lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5))
+        if known:
+            return known
+        if matches(torch.tensor(got), torch.tensor(0.0), atol=1e-7, rtol=0.0):
+            return "your loss change is 0: the ablation did not change the model's output"
+        return f"your loss change is {fmt(got)}, expected {fmt(expected)} (ablated loss minus clean loss)"
+
+    return first_problem(lambda: scalar_problem(output, "your loss change"), values)
+
+
+EXERCISE = Exercise(
+    id="ex16",
+    title="What heads learn",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="repeated_batch",
+            points=2,
+            summary="a batch of random token sequences whose second half repeats the first",
+            hint="Make a generator seeded with seed, draw the (batch_size, half_length) first halves with one "
+                 "torch.randint call that uses it, and join each first half to a copy of itself along the "
+                 "sequence dimension.",
+            make_cases=_batch_cases,
+            verify=_verify_batch,
+        ),
+        Part(
+            name="induction_score",
+            points=3,
+            summary="each head's mean attention from a repeated token to the key after its earlier occurrence",
+            hint="Compare every query's token with every key's token to get a (B, L, L) table of equal pairs, "
+                 "keep the keys before the query, and shift that table one key to the right: those are the "
+                 "targets. A query counts only if it has a target. Sum each head's weights over its targets, "
+                 "then average over the queries that count (all sequences together).",
+            make_cases=_induction_cases,
+            verify=_verify_induction,
+        ),
+        Part(
+            name="ablation_loss_change",
+            points=3,
+            summary="the change in next-token loss when one head of a one-layer attention-only model is zeroed",
+            hint="Write the forward pass once with an argument that says which head to ablate (or none): "
+                 "per-head queries, keys and values by einsum, causal softmax, the weighted values, then set the "
+                 "chosen head's weighted values to zero before the output projection sums the heads into the "
+                 "residual stream. Run it twice and subtract the two cross-entropies.",
+            make_cases=_ablation_cases,
+            verify=_verify_ablation,
+        ),
+    ),
+)
+
+EXERCISE = with_concepts(EXERCISE, {
+    "repeated_batch": (
+        "Random tokens carry no pattern a model could learn in advance; when they come a second time, only the "
+        "context predicts them. That isolates in-context learning."
+    ),
+    "induction_score": (
+        "An induction head finds where the current token appeared before and attends to the token that "
+        "followed it there, so that it can copy that token as the next prediction."
+    ),
+    "ablation_loss_change": (
+        "To ablate a head is to remove what it writes into the residual stream and see what the model loses: "
+        "the loss change measures how much the model relied on that head."
+    ),
+})
