@@ -43,10 +43,13 @@ BOOK_STAMP := _build/html/.built
 
 book: $(BOOK_STAMP)
 
-# Interactive figures (ac.interactive_figure) are precomputed into frames behind native HTML controls.
+# Interactive figures (ac.interactive_figure) are precomputed into frames behind native HTML controls. One
+# thread per kernel, also for a notebook the build executes itself (one the cache lacks).
 $(BOOK_STAMP): export ATTENTION_COURSE_STATIC_FIGURES = 1
+$(BOOK_STAMP): export OMP_NUM_THREADS = 1
+$(BOOK_STAMP): export MKL_NUM_THREADS = 1
 $(BOOK_STAMP): $(STAMP) $(BOOK_SOURCES)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python _ext/course_execution.py
+	$(BIN)/python _ext/course_execution.py
 	$(BIN)/jupyter-book build . -W -n --keep-going --all
 	touch $@
 
