@@ -10,16 +10,17 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises clean
+.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises screenshot clean
 
 help:
-	@echo "make book       install into $(VENV), execute every lesson, build the site into _build/html"
+	@echo "make book       install into $(VENV), execute the lessons (in parallel, cached), build the site into _build/html"
 	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site)"
 	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
 	@echo "make numerics   re-run the lessons under other processors' rounding; list claims that break"
 	@echo "make gpu-check  run every lesson and solution live at its GPU sizes (emulated without a GPU); list claims that break"
 	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
-	@echo "make clean      remove _build"
+	@echo "make screenshot regenerate the README's screenshot of the site (_static/site-screenshot.png) from _build/html"
+	@echo "make clean      remove _build (the site and the cache of executed notebooks)"
 
 install: $(STAMP) grader-deps
 
@@ -31,10 +32,27 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attention course)" > /dev/null
 	touch $@
 
-# Interactive figures (ac.interactive_figure) are precomputed into frames behind native HTML controls.
-book: export ATTENTION_COURSE_STATIC_FIGURES = 1
-book: $(STAMP)
+# What the site is built from: when none of it changed since the last successful build, `make book` does
+# nothing (so `make test` right after `make book` builds nothing). When something did, the notebooks run
+# first, in parallel, one thread each (_ext/course_execution.py): only those whose code cells changed, or
+# every one when the library changed; the others come from the cache in _build/.jupyter_cache/. The site
+# is then rebuilt whole, with warnings as errors. A fresh clone (CI) has no _build/ and executes everything.
+BOOK_SOURCES := _config.yml _toc.yml intro.md references.bib requirements.txt pyproject.toml \
+	$(wildcard chapters/*.md) $(NOTEBOOKS) $(wildcard _ext/*.py) \
+	$(filter-out _static/site-screenshot.png,$(shell find _static src/attention_course -type f ! -path '*/__pycache__/*'))
+BOOK_STAMP := _build/html/.built
+
+book: $(BOOK_STAMP)
+
+# Interactive figures (ac.interactive_figure) are precomputed into frames behind native HTML controls. One
+# thread per kernel, also for a notebook the build executes itself (one the cache lacks).
+$(BOOK_STAMP): export ATTENTION_COURSE_STATIC_FIGURES = 1
+$(BOOK_STAMP): export OMP_NUM_THREADS = 1
+$(BOOK_STAMP): export MKL_NUM_THREADS = 1
+$(BOOK_STAMP): $(STAMP) $(BOOK_SOURCES)
+	$(BIN)/python _ext/course_execution.py
 	$(BIN)/jupyter-book build . -W -n --keep-going --all
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -62,7 +80,8 @@ grader-deps:
 
 # The whole suite: lint; library, notebook-structure and grader tests (two workers with one thread each: two busy
 # workers sharing threads stall each other); the book build, which executes every lesson and solution notebook
-# once and fails on any error (their checks are asserts in cells); the built site, offline and in Chromium.
+# once and fails on any error (their checks are asserts in cells), and nothing when `make book` already built
+# the same sources; the built site, offline and in Chromium.
 test: lint grader-deps
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading
 	$(MAKE) book
@@ -86,6 +105,10 @@ gpu-check:
 
 exercises: $(STAMP)
 	$(BIN)/python -m attention_course.grading.generate
+
+# The README's picture of the site: a lesson page of the built book in headless Chromium (tests/browser).
+screenshot: book browser-deps
+	$(BIN)/python -m tests.browser.screenshot
 
 clean:
 	rm -rf _build

@@ -8,10 +8,15 @@
 - Images embedded in outputs as ``data:`` URIs (``ac.show_figure`` and the frames of ``ac.interactive_figure``)
   become files in ``_images/``: the page stays small, the browser caches them, and an interactive figure's
   frames load only when a reader moves its controls.
-- Each executed page's kernel CPU time is measured (the build's children's CPU time before and after the page
-  is read: the kernel is a child process, reaped when its notebook is done) and written, with the wall time,
-  to ``_build/html/cpu-times.json`` and the Runtimes page's table (``{course-cpu-table}``). CPU time does
-  not grow when other work shares the machine, so the runtime budgets are checked on it.
+- Notebooks are executed before the build, in parallel, by ``_ext/course_execution.py`` into a jupyter-cache
+  folder whose name hashes the course package (``execute_notebooks: cache``; this extension points MyST-NB at
+  that folder). Each page's kernel CPU time comes from its cache record; a page MyST-NB executes itself
+  during the build (a plain ``jupyter-book build``) is measured here instead (the build's children's CPU
+  time before and after the page is read: the kernel is a child process, reaped when its notebook is done).
+  Both are written, with the wall time, to ``_build/html/cpu-times.json`` and the Runtimes page's table
+  (``{course-cpu-table}``). CPU time does not grow when other work shares the machine, so the runtime
+  budgets are checked on it.
+- Sphinx's module index names its collapse toggles "-"; they get alt text that says what they do.
 - GPU runs recorded by ``make gpu-check`` on a GPU (``chapters/gpu_runs.json``) are listed on the Runtimes page
   (``{course-gpu-table}``): the latest run's time per notebook, with the GPU's name and the date. Nothing is
   shown as measured on a GPU unless such a run was recorded.
@@ -30,6 +35,7 @@ import json
 import re
 import resource
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -197,16 +203,64 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _execution():
+    """``_ext/course_execution.py``, also when this file is loaded by path (the unit tests)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import course_execution
+
+    return course_execution
+
+
+def use_content_cache(app: Sphinx, config) -> None:
+    """Point MyST-NB's cache at the folder ``course_execution`` fills for the current course package."""
+    if config.nb_execution_mode == "cache" and not config.nb_execution_cache_path:
+        config.nb_execution_cache_path = str(_execution().cache_folder(Path(app.srcdir)))
+
+
+def cached_timing(app: Sphinx, source: str) -> dict[str, float] | None:
+    """The kernel CPU and wall time stored with the notebook's cache record, if MyST-NB will use that record.
+
+    A record without a kernel CPU time (one MyST-NB wrote itself) is removed, so that MyST-NB executes the
+    notebook again now and the clock below measures it: no page is ever reported at zero seconds.
+    """
+    if app.config.nb_execution_mode != "cache" or not app.config.nb_execution_cache_path:
+        return None
+    import nbformat
+    from jupyter_cache import get_cache
+
+    execution = _execution()
+    cache = get_cache(app.config.nb_execution_cache_path)
+    notebook = nbformat.reads(source, as_version=4)
+    try:
+        record = cache.match_cache_notebook(notebook)
+    except KeyError:
+        return None
+    data = record.data or {}
+    if execution.CPU_KEY not in data:
+        cache.remove_cache(record.pk)
+        return None
+    return {"cpu_s": round(float(data[execution.CPU_KEY]), 2), "wall_s": round(float(data[execution.WALL_KEY]), 2)}
+
+
 def start_clock(app: Sphinx, docname: str, source: list[str]) -> None:
-    app.env.course_clock = (docname, _children_cpu(), time.perf_counter())
+    cached = None
+    if (Path(app.srcdir) / f"{docname}.ipynb").exists():
+        cached = cached_timing(app, source[0])
+    app.env.course_clock = (docname, _children_cpu(), time.perf_counter(), cached)
 
 
 def stop_clock(app: Sphinx, doctree: nodes.document) -> None:
-    docname, cpu, wall = getattr(app.env, "course_clock", (None, 0.0, 0.0))
+    docname, cpu, wall, cached = getattr(app.env, "course_clock", (None, 0.0, 0.0, None))
     if docname != app.env.docname or not (Path(app.srcdir) / f"{docname}.ipynb").exists():
         return
     timings = getattr(app.env, "course_cpu_times", {})
-    timings[docname] = {"cpu_s": round(_children_cpu() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+    if cached is not None:
+        timings[docname] = cached
+    else:
+        measured = {"cpu_s": round(_children_cpu() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+        timings[docname] = measured
     app.env.course_cpu_times = timings
 
 
@@ -267,6 +321,35 @@ def cpu_table_directive():
             return [cpu_table_placeholder()]
 
     return CourseCpuTable
+
+
+# --- generated index pages ---------------------------------------------------------------------------------------
+
+# Sphinx's domainindex.html gives the image that collapses a group of modules the alt text "-".
+INDEX_TOGGLER = re.compile(
+    r'(<img\b[^>]*\bclass="toggler"[^>]*?)\s+alt="-"\s*(/?>)(?P<rest>.*?<code class="xref">(?P<name>[^<]+)</code>)',
+    re.DOTALL,
+)
+
+
+def describe_index_togglers(html: str) -> str:
+    """Give each collapse toggle of a module index the alt text of what it does, naming its module."""
+
+    def replace(match: re.Match) -> str:
+        alt = f"Collapse or expand the submodules of {match.group('name')}"
+        return f'{match.group(1)} alt="{alt}" {match.group(2)}{match.group("rest")}'
+
+    return INDEX_TOGGLER.sub(replace, html)
+
+
+def fix_index_pages(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    for page in Path(app.outdir).glob("*modindex.html"):
+        html = page.read_text(encoding="utf-8")
+        fixed = describe_index_togglers(html)
+        if fixed != html:
+            page.write_text(fixed, encoding="utf-8")
 
 
 # --- bibliography labels that match the author-year citations ------------------------------------------------------
@@ -450,12 +533,14 @@ def setup(app: Sphinx) -> dict:
     app.add_node(cpu_table_placeholder)
     app.add_directive("course-cpu-table", cpu_table_directive())
     app.add_directive("course-gpu-table", gpu_table_directive())
+    app.connect("config-inited", use_content_cache)
     app.connect("source-read", start_clock)
     app.connect("doctree-read", stop_clock)
     app.connect("env-purge-doc", purge_clock)
     app.connect("env-merge-info", merge_clock)
     app.connect("doctree-resolved", fill_cpu_tables)
     app.connect("build-finished", write_cpu_times)
+    app.connect("build-finished", fix_index_pages)
     # After the book theme has made its buttons (priority 501).
     app.connect("html-page-context", learner_buttons, priority=600)
     app.connect("html-page-context", externalize_images, priority=600)

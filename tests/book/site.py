@@ -23,9 +23,11 @@ HTML = Path(os.environ.get(SITE_ENV) or ROOT / "_build" / "html").resolve()
 # The book the site was built from: the folder holding _build/ (the repository, or a test book elsewhere).
 BOOK = HTML.parents[1] if (HTML.parents[1] / "_toc.yml").exists() else ROOT
 
-# Budgets in seconds of kernel CPU time (COURSE.md: each lesson <= 90 s, the whole book <= 8 min on 2 cores).
+# Budgets in seconds of kernel CPU time (COURSE.md "Performance budgets": each lesson <= 90 s, the whole book,
+# twenty lessons and the exercise solutions, <= 11 min on 2 cores). The pages they apply to are read from
+# _toc.yml, so a new lesson is checked as soon as it is listed there.
 LESSON_BUDGET_SECONDS = 90.0
-BOOK_BUDGET_SECONDS = 480.0
+BOOK_BUDGET_SECONDS = 660.0
 
 
 def require_site() -> None:
