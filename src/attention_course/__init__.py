@@ -71,3 +71,10 @@ from attention_course.grouped_query import grouped_query_attention
 from attention_course.layers import DecoderLayerCache
 from attention_course.masks import sliding_window_mask
 from attention_course.rotary import apply_rotary
+
+# Chapter 13b: the modern block, one configuration object, real checkpoints
+from attention_course.checkpoints import load_hf_checkpoint
+from attention_course.config import ModelConfig
+from attention_course.feedforward import SwiGLU
+from attention_course.masks import window_mask
+from attention_course.normalization import RMSNorm
