@@ -68,7 +68,8 @@ class ModelConfig:
         init: ``"default"`` (each module's own initialisation) or ``"gpt2"``: every linear weight
             ``N(0, 0.02²)``, biases zero, and the projections that write into the residual stream (the
             attention's ``w_o`` and the feed-forward's last layer) ``N(0, (0.02/√(2·num_layers))²)``, so
-            that the residual stream's variance does not grow with depth (Radford et al. 2019, §2.3).
+            that the residual stream's variance grows less with depth (Radford et al. 2019, §2.3, scale
+            residual layers by ``1/√N``; Hugging Face's GPT-2 and nanoGPT take ``N = 2·num_layers``).
     """
 
     num_kv_heads: int | None = None

@@ -265,9 +265,11 @@ class DecoderOnlyLM(nn.Module):
             self.gpt2_init_()
 
     def gpt2_init_(self) -> None:
-        """GPT-2's initialisation (Radford et al. 2019, §2.3; its released code): every linear weight and the
-        token embedding ``N(0, 0.02²)``, biases zero, and the two projections of each block that add into the
-        residual stream (attention ``w_o``, the feed-forward's last layer) ``N(0, (0.02 / √(2·num_layers))²)``.
+        """GPT-2's initialisation: every linear weight and the token embedding ``N(0, 0.02²)`` (GPT's range),
+        biases zero, and the two projections of each block that add into the residual stream (attention
+        ``w_o``, the feed-forward's last layer) ``N(0, (0.02 / √(2·num_layers))²)``. Radford et al. (2019,
+        §2.3) scale "the weights of residual layers" by ``1/√N`` for ``N`` residual layers; Hugging Face's
+        GPT-2 and nanoGPT count two per block, as here.
 
         Each block adds two such terms to the residual stream; with independent terms the stream's variance
         grows by their sum, so shrinking their std by ``√(2·num_layers)`` keeps the output's variance at
