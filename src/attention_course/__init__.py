@@ -81,3 +81,10 @@ from attention_course.interpretability import (
     induction_score,
     previous_token_score,
 )
+
+# Chapter 13b: the modern block, one configuration object, real checkpoints
+from attention_course.checkpoints import load_hf_checkpoint
+from attention_course.config import ModelConfig
+from attention_course.feedforward import SwiGLU
+from attention_course.masks import window_mask
+from attention_course.normalization import RMSNorm

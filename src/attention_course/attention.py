@@ -22,7 +22,27 @@ from torch import Tensor
 
 from attention_course.checks import check_qkv
 
-__all__ = ["check_mask", "masked_softmax", "scaled_dot_product_attention"]
+__all__ = ["check_bias", "check_mask", "masked_softmax", "scaled_dot_product_attention"]
+
+
+def check_bias(bias: Tensor, scores_shape: torch.Size | tuple[int, ...]) -> None:
+    """Raise unless ``bias`` is a floating-point tensor that broadcasts to ``scores_shape`` without enlarging it.
+
+    Raises:
+        TypeError: ``bias`` is not a floating-point tensor.
+        ValueError: ``bias`` does not broadcast to ``scores_shape`` or would enlarge it.
+    """
+    if not isinstance(bias, Tensor) or not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point torch.Tensor, got {_describe(bias)}")
+    scores_shape = torch.Size(scores_shape)
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != scores_shape:
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the attention scores of "
+                         f"shape {tuple(scores_shape)} (batch..., queries, keys); each bias dimension must "
+                         "equal the scores' dimension or be 1")
 
 
 def check_mask(mask: Tensor, scores_shape: torch.Size | tuple[int, ...]) -> None:
@@ -118,8 +138,12 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Attention(Q, K, V) = softmax(Q Kᵀ · scale) V, returning the output and the attention weights.
+    """Attention(Q, K, V) = softmax(Q Kᵀ · scale + bias) V, returning the output and the attention weights.
+
+    This is the library's one attention kernel: multi-head, grouped-query (through
+    :func:`~attention_course.grouped_query_attention`), ALiBi's additive bias and half precision all run here.
 
     Args:
         query: ``(..., Lq, d_k)``.
@@ -133,6 +157,9 @@ def scaled_dot_product_attention(
             (:class:`~attention_course.MultiHeadAttention` does this from ``self.training``).
         scale: factor applied to ``Q Kᵀ``; defaults to ``1 / √d_k``, which keeps the scores' variance near 1
             when the entries of Q and K have unit variance.
+        bias: optional floating-point tensor broadcastable to the scores ``(..., Lq, Lk)`` (without enlarging
+            them), added to the scaled scores before the softmax: ALiBi's distance penalty
+            (:func:`~attention_course.alibi_bias`) or any other additive score bias.
 
     The leading (batch) dimensions of query, key and value must be equal or broadcast (for example one key
     set shared by all heads).
@@ -148,14 +175,17 @@ def scaled_dot_product_attention(
 
     Raises:
         ValueError: mismatched ``d_k`` or ``Lk``, leading dimensions that do not broadcast, inputs on different
-            devices, a mask that does not broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
-        TypeError: a non-boolean mask, or query, key and value of different (or non-floating-point) dtypes.
+            devices, a mask or bias that does not broadcast to the scores, or ``dropout_p`` outside ``[0, 1)``.
+        TypeError: a non-boolean mask, a non-floating bias, or query, key and value of different (or
+            non-floating-point) dtypes.
     """
     check_qkv(query, key, value)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
         scale = 1.0 / math.sqrt(query.size(-1))
+    if bias is not None:
+        check_bias(bias, (*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]), query.size(-2), key.size(-2)))
 
     # Half precision (float16/bfloat16, e.g. under autocast on a GPU): compute in float32 and round once at
     # the end. In float16 the scores overflow beyond +-65504, and a masked key could then outweigh them.
@@ -165,6 +195,8 @@ def scaled_dot_product_attention(
         query, key, value = query.to(compute), key.to(compute), value.to(compute)
         # Scale the (Lq, d_k) queries rather than the (Lq, Lk) scores: same result, fewer multiplications.
         scores = torch.matmul(query * scale, key.transpose(-2, -1))  # (..., Lq, Lk)
+        if bias is not None:
+            scores = scores + bias.to(device=scores.device, dtype=compute)  # in float32 for half inputs
         weights = masked_softmax(scores, mask)  # (..., Lq, Lk)
         attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
         output = torch.matmul(attended, value)  # (..., Lq, d_v)

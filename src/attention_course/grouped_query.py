@@ -8,18 +8,16 @@ head ``g``. Multi-query attention is the extreme ``Hkv = 1``; multi-head attenti
 The grouping is done by a reshape, not a copy: queries ``(B, Hq, Lq, d)`` are viewed as ``(B, Hkv, G, Lq, d)``
 and keys/values ``(B, Hkv, Lk, d)`` as ``(B, Hkv, 1, Lk, d)``, which broadcast over the group. The result
 equals repeating each key/value head ``G`` times in a row (``repeat_interleave``), which is what
-``F.scaled_dot_product_attention(..., enable_gqa=True)`` does.
+``F.scaled_dot_product_attention(..., enable_gqa=True)`` does. The grouped tensors then go through the
+library's one kernel, :func:`~attention_course.scaled_dot_product_attention`, with an additive bias (ALiBi)
+grouped the same way, so half precision and masking behave the same for every number of key/value heads.
 """
 
 from __future__ import annotations
 
-import math
-
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from attention_course.attention import check_mask, masked_softmax, scaled_dot_product_attention
+from attention_course.attention import check_bias, check_mask, scaled_dot_product_attention
 from attention_course.checks import check_tensor
 
 __all__ = ["grouped_query_attention"]
@@ -44,13 +42,18 @@ def _check_gqa(query: Tensor, key: Tensor, value: Tensor) -> tuple[int, int]:
     return query_heads, kv_heads
 
 
+def _group_heads(scores_like: Tensor, kv_heads: int, group: int) -> Tensor:
+    """A mask or bias broadcastable to ``(B, Hq, Lq, Lk)`` -> one broadcastable to ``(B, Hkv, G, Lq, Lk)``."""
+    scores_like = scores_like.reshape((1,) * (4 - scores_like.dim()) + tuple(scores_like.shape))  # (b, h, lq, lk)
+    if scores_like.size(1) == 1:
+        return scores_like.unsqueeze(2)  # (b, 1, 1, lq, lk): the same for every head
+    return scores_like.unflatten(1, (kv_heads, group))  # (b, Hkv, G, lq, lk), h = Hq
+
+
 def _group_mask(mask: Tensor, shape: tuple[int, ...], kv_heads: int, group: int) -> Tensor:
     """A mask broadcastable to ``(B, Hq, Lq, Lk)`` -> one broadcastable to ``(B, Hkv, G, Lq, Lk)``."""
     check_mask(mask, shape)
-    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, lq, lk), h in {1, Hq}
-    if mask.size(1) == 1:
-        return mask.unsqueeze(2)  # (b, 1, 1, lq, lk): the same for every head
-    return mask.unflatten(1, (kv_heads, group))  # (b, Hkv, G, lq, lk)
+    return _group_heads(mask, kv_heads, group)
 
 
 def grouped_query_attention(
@@ -86,33 +89,18 @@ def grouped_query_attention(
     """
     query_heads, kv_heads = _check_gqa(query, key, value)
     group = query_heads // kv_heads
-    if group == 1 and bias is None:  # multi-head attention: nothing to group
-        return scaled_dot_product_attention(query, key, value, mask=mask, dropout_p=dropout_p, scale=scale)
-    batch, _, q_len, d = query.shape
-    k_len = key.size(2)
-    scores_shape = (batch, query_heads, q_len, k_len)
+    batch, _, q_len, _ = query.shape
+    scores_shape = (batch, query_heads, q_len, key.size(2))
+    if bias is not None:
+        check_bias(bias, scores_shape)  # named against the caller's (B, Hq, Lq, Lk), not the grouped layout
+    if group == 1:  # multi-head attention: nothing to group
+        return scaled_dot_product_attention(query, key, value, mask=mask, dropout_p=dropout_p, scale=scale,
+                                            bias=bias)
     grouped_query = query.unflatten(1, (kv_heads, group))  # (B, Hkv, G, Lq, d): a view
     grouped_key, grouped_value = key.unsqueeze(2), value.unsqueeze(2)  # (B, Hkv, 1, Lk, d): broadcast over G
     grouped_mask = None if mask is None else _group_mask(mask, scores_shape, kv_heads, group)
-    if bias is None:
-        output, weights = scaled_dot_product_attention(grouped_query, grouped_key, grouped_value,
-                                                       mask=grouped_mask, dropout_p=dropout_p, scale=scale)
-    else:
-        check_tensor("bias", bias, floating=True)
-        try:
-            if torch.broadcast_shapes(bias.shape, scores_shape) != torch.Size(scores_shape):
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the scores "
-                             f"{scores_shape}") from None
-        if not 0.0 <= dropout_p < 1.0:
-            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-        scale = 1.0 / math.sqrt(d) if scale is None else scale
-        grouped_bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-        grouped_bias = grouped_bias.unsqueeze(2) if grouped_bias.size(1) == 1 else \
-            grouped_bias.unflatten(1, (kv_heads, group))  # (b, Hkv or 1, G or 1, Lq, Lk)
-        scores = torch.matmul(grouped_query * scale, grouped_key.transpose(-2, -1)) + grouped_bias
-        weights = masked_softmax(scores, grouped_mask)  # (B, Hkv, G, Lq, Lk)
-        attended = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
-        output = torch.matmul(attended, grouped_value)  # (B, Hkv, G, Lq, d_v)
+    grouped_bias = None if bias is None else _group_heads(bias, kv_heads, group)
+    # The one kernel: float32 for half-precision inputs, autocast off, masked rows zero (attention.py).
+    output, weights = scaled_dot_product_attention(grouped_query, grouped_key, grouped_value, mask=grouped_mask,
+                                                   dropout_p=dropout_p, scale=scale, bias=grouped_bias)
     return output.flatten(1, 2), weights.flatten(1, 2)  # (B, Hq, Lq, d_v), (B, Hq, Lq, Lk)

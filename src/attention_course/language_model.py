@@ -35,13 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attention_course.config import ModelConfig, resolve_config
 from attention_course.cost import kv_cache_bytes
 from attention_course.efficient import KVCache, cached_self_attention
-from attention_course.feedforward import PositionwiseFeedForward
+from attention_course.feedforward import feed_forward_for
 from attention_course.layers import EncoderLayer
-from attention_course.masks import causal_mask
+from attention_course.masks import causal_mask, sliding_window_mask
 from attention_course.multihead import MultiHeadAttention
-from attention_course.normalization import Dropout, LayerNorm
+from attention_course.normalization import Dropout, norm_for
 from attention_course.positional import LearnedPositionalEmbedding, PositionalEncoding
 from attention_course.sampling import sample_next_token
 
@@ -74,6 +75,26 @@ def _check_tokens(tokens: object, name: str = "tokens") -> None:
         raise ValueError(f"{name} must be a (batch, length) int64 tensor, got {got}")
 
 
+_ATTENTION_ARGUMENT_DEFAULTS = {"bias": True, "num_kv_heads": None, "positions": None, "rotary_base": 10000.0}
+
+
+def _merge_attention_kwargs(config: ModelConfig | None, attention_kwargs: dict[str, Any] | None,
+                            owner: str) -> ModelConfig:
+    """``attention_kwargs`` (the older way to pass attention options) folded into ``config``."""
+    attention_kwargs = dict(attention_kwargs or {})
+    unknown = sorted(set(attention_kwargs) - set(_ATTENTION_ARGUMENT_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{owner}: unknown attention_kwargs {unknown}; the options are "
+                        f"{sorted(_ATTENTION_ARGUMENT_DEFAULTS)} (or pass config=ModelConfig(...))")
+    return resolve_config(config, owner, **{name: (value, _ATTENTION_ARGUMENT_DEFAULTS[name])
+                                            for name, value in attention_kwargs.items()})
+
+
+def _default_mask(length: int, window: int | None, device: torch.device) -> Tensor:
+    """The causal mask ``(L, L)``, or the sliding-window one when the config has a window."""
+    return causal_mask(length, device=device) if window is None else sliding_window_mask(length, window, device)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------------------
@@ -86,24 +107,31 @@ class DecoderOnlyBlock(nn.Module):
         d_ff: hidden width of the feed-forward network.
         dropout: dropout on the attention weights, the feed-forward hidden layer and both residual branches.
         attention_kwargs: extra keyword arguments for :class:`~attention_course.MultiHeadAttention`
-            (for example ``num_kv_heads`` for grouped-query attention, chapter 15).
+            (for example ``num_kv_heads`` for grouped-query attention, chapter 15): the older spelling of
+            the attention fields of ``config`` (``bias``, ``num_kv_heads``, ``positions``, ``rotary_base``).
+        config: a :class:`~attention_course.ModelConfig`: the attention options, the normalisation
+            (LayerNorm or RMSNorm), the feed-forward network (ReLU, GELU or SwiGLU), biases, and a sliding
+            window for the default mask. Default: the 2019 block (LayerNorm, ReLU, biases).
 
     Attributes:
         self_attention_weights: ``(B, H, L, L)`` weights of the last full forward call (detached), or None.
 
     Shape: ``forward(x (B, L, d_model), mask) -> (B, L, d_model)``; ``mask`` broadcastable to ``(B, H, L, L)``,
-    True = may attend; None means the causal mask.
+    True = may attend; None means the causal mask (limited to ``config.window`` keys back when set).
     """
 
     def __init__(
         self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
         attention_kwargs: dict[str, Any] | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, **(attention_kwargs or {}))
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
+        config = _merge_attention_kwargs(config, attention_kwargs, type(self).__name__)
+        self.config = config
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)
+        self.feed_forward = feed_forward_for(d_model, d_ff, dropout=dropout, config=config)
+        self.norm1 = norm_for(d_model, config)
+        self.norm2 = norm_for(d_model, config)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.self_attention_weights: Tensor | None = None
@@ -111,7 +139,7 @@ class DecoderOnlyBlock(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """``x (B, L, d_model)`` -> ``(B, L, d_model)``."""
         if mask is None:
-            mask = causal_mask(x.size(1), device=x.device)  # (L, L): position i sees 0..i
+            mask = _default_mask(x.size(1), self.config.window, x.device)  # (L, L): i sees 0..i (or a window)
         h = self.norm1(x)
         attended, weights = self.self_attention(h, h, h, mask=mask)
         self.self_attention_weights = weights.detach()
@@ -179,6 +207,13 @@ class DecoderOnlyLM(nn.Module):
         num_kv_heads: key/value heads for grouped-query attention (chapter 15); None = one per query head.
             Passed on to :class:`~attention_course.MultiHeadAttention` only when given.
         attention_kwargs: any further keyword arguments for :class:`~attention_course.MultiHeadAttention`.
+        config: a :class:`~attention_course.ModelConfig` for every block, the final normalisation and the
+            initialisation: rotary or ALiBi attention (with ``positions="none"`` here), grouped-query heads,
+            RMSNorm, GELU or SwiGLU, bias-free projections, GPT-2's scaled initialisation, a sliding window.
+            ``num_kv_heads`` and ``attention_kwargs``, when given, must agree with it.
+
+    Attributes:
+        config: the resolved :class:`~attention_course.ModelConfig`.
 
     Shapes: ``forward(tokens (B, L), mask=None) -> logits (B, L, V)``; ``mask`` broadcastable to
     ``(B, H, L, L)`` (None: causal).
@@ -197,6 +232,7 @@ class DecoderOnlyLM(nn.Module):
         tie_weights: bool = True,
         num_kv_heads: int | None = None,
         attention_kwargs: dict[str, Any] | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
@@ -206,9 +242,9 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         d_ff = 4 * d_model if d_ff is None else d_ff
         _check_positive_int("d_ff", d_ff)
-        attention_kwargs = dict(attention_kwargs or {})
-        if num_kv_heads is not None:
-            attention_kwargs["num_kv_heads"] = num_kv_heads
+        config = _merge_attention_kwargs(config, attention_kwargs, type(self).__name__)
+        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None))
+        self.config = config
         self.vocab_size, self.d_model, self.max_len, self.positions = vocab_size, d_model, max_len, positions
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.token_embedding.weight, std=0.02)  # GPT-2's initialisation
@@ -219,12 +255,37 @@ class DecoderOnlyLM(nn.Module):
         else:
             self.position = Dropout(dropout)
         self.blocks = nn.ModuleList(
-            DecoderOnlyBlock(d_model, num_heads, d_ff, dropout, attention_kwargs) for _ in range(num_layers)
+            DecoderOnlyBlock(d_model, num_heads, d_ff, dropout, config=config) for _ in range(num_layers)
         )
-        self.norm = LayerNorm(d_model)
+        self.norm = norm_for(d_model, config)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_weights:
             self.lm_head.weight = self.token_embedding.weight  # one (V, d_model) matrix, used twice
+        if config.init == "gpt2":
+            self.gpt2_init_()
+
+    def gpt2_init_(self) -> None:
+        """GPT-2's initialisation: every linear weight and the token embedding ``N(0, 0.02²)`` (GPT's range),
+        biases zero, and the two projections of each block that add into the residual stream (attention
+        ``w_o``, the feed-forward's last layer) ``N(0, (0.02 / √(2·num_layers))²)``. Radford et al. (2019,
+        §2.3) scale "the weights of residual layers" by ``1/√N`` for ``N`` residual layers; Hugging Face's
+        GPT-2 and nanoGPT count two per block, as here.
+
+        Each block adds two such terms to the residual stream; with independent terms the stream's variance
+        grows by their sum, so shrinking their std by ``√(2·num_layers)`` keeps the output's variance at
+        initialisation independent of depth.
+        """
+        residual_std = 0.02 / math.sqrt(2 * len(self.blocks))
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=0.02)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+            nn.init.normal_(self.token_embedding.weight, std=0.02)
+            for block in self.blocks:
+                nn.init.normal_(block.self_attention.w_o.weight, std=residual_std)
+                nn.init.normal_(block.feed_forward.output_projection.weight, std=residual_std)
 
     @property
     def tied(self) -> bool:
@@ -245,7 +306,7 @@ class DecoderOnlyLM(nn.Module):
         _check_tokens(tokens)
         x = self.embed(tokens)
         if mask is None:
-            mask = causal_mask(tokens.size(1), device=tokens.device)
+            mask = _default_mask(tokens.size(1), self.config.window, tokens.device)
         for block in self.blocks:
             x = block(x, mask)
         return self.lm_head(self.norm(x))
@@ -253,7 +314,7 @@ class DecoderOnlyLM(nn.Module):
     # --- generation ---------------------------------------------------------------------------------------
     def new_cache(self) -> LMCache:
         """An empty :class:`LMCache` with one KV cache per block."""
-        return LMCache([KVCache() for _ in self.blocks])
+        return LMCache([KVCache(window=self.config.window) for _ in self.blocks])  # rolling with a window
 
     def step(self, tokens: Tensor, cache: LMCache) -> Tensor:
         """Logits for new tokens only, reusing the cached keys and values of earlier ones.

@@ -1,7 +1,8 @@
 """The Transformer's encoder and decoder layers (Vaswani et al. 2017, §3.1), post-norm or pre-norm.
 
 Each sub-layer f (attention or feed-forward) is wrapped in a residual connection with dropout and a
-LayerNorm, in one of two orders:
+normalisation (LayerNorm unless a :class:`~attention_course.ModelConfig` asks for RMSNorm), in one of two
+orders:
 
     post-norm (the paper, norm_first=False):  x = LayerNorm(x + Dropout(f(x)))
     pre-norm  (norm_first=True):              x = x + Dropout(f(LayerNorm(x)))
@@ -19,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attention_course.feedforward import PositionwiseFeedForward
+from attention_course.config import ModelConfig, resolve_config
+from attention_course.feedforward import feed_forward_for
 from attention_course.kv_cache import KVCache
 from attention_course.multihead import MultiHeadAttention
-from attention_course.normalization import Dropout, LayerNorm
+from attention_course.normalization import Dropout, LayerNorm, norm_for
 
 __all__ = ["DecoderLayer", "DecoderLayerCache", "EncoderLayer"]
 
@@ -77,6 +79,9 @@ class EncoderLayer(nn.Module):
         num_kv_heads: key/value heads of the self-attention (grouped-query attention; default: one per head).
         positions: the self-attention's position scheme, ``None``, ``"rotary"`` or ``"alibi"`` (see
             :class:`~attention_course.MultiHeadAttention`).
+        config: a :class:`~attention_course.ModelConfig` with the layer's choices (attention options,
+            normalisation, feed-forward activation, biases); ``num_kv_heads`` and ``positions``, when given,
+            must agree with it.
 
     Attributes:
         self_attention_weights: the ``(B, H, L, L)`` attention weights of the last forward call (detached),
@@ -97,14 +102,17 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
         num_kv_heads: int | None = None,
         positions: str | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
+        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None),
+                                positions=(positions, None))
+        self.config = config
         self.norm_first = norm_first
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads,
-                                                 positions=positions)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)
+        self.feed_forward = feed_forward_for(d_model, d_ff, dropout=dropout, config=config)
+        self.norm1 = norm_for(d_model, config)
+        self.norm2 = norm_for(d_model, config)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.self_attention_weights: Tensor | None = None
@@ -188,16 +196,21 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
         num_kv_heads: int | None = None,
         positions: str | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
+        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None),
+                                positions=(positions, None))
+        self.config = config
         self.norm_first = norm_first
-        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads,
-                                                 positions=positions)
-        self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, num_kv_heads=num_kv_heads)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
-        self.norm3 = LayerNorm(d_model)
+        self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)
+        # Source and target positions are not on one axis: the cross-attention has no positions and no window.
+        cross_config = config.replace(positions=None, window=None)
+        self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=cross_config)
+        self.feed_forward = feed_forward_for(d_model, d_ff, dropout=dropout, config=config)
+        self.norm1 = norm_for(d_model, config)
+        self.norm2 = norm_for(d_model, config)
+        self.norm3 = norm_for(d_model, config)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.dropout3 = Dropout(dropout)

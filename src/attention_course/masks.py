@@ -15,7 +15,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal_mask", "combine_masks", "padding_mask", "sliding_window_mask"]
+__all__ = ["causal_mask", "combine_masks", "padding_mask", "sliding_window_mask", "window_mask"]
+
+
+def window_mask(query_positions: Tensor, key_positions: Tensor, window: int | None = None) -> Tensor:
+    """The causal (sliding-window) rule at explicit positions, written once for the whole library.
+
+    Query at position ``i`` may attend to the key at position ``j`` when ``0 <= i - j`` (causal) and, with a
+    window, ``i - j < window``. :func:`sliding_window_mask` applies it to ``0..L-1``; a KV-cached decoding
+    step applies it to its new queries and the keys its cache holds.
+
+    Args:
+        query_positions: ``(Lq,)`` integer positions of the queries.
+        key_positions: ``(Lk,)`` integer positions of the keys.
+        window: None (the whole causal past) or how many keys each query sees, itself included.
+
+    Returns:
+        ``(Lq, Lk)`` bool, True = may attend.
+    """
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    offset = query_positions[:, None] - key_positions[None, :]  # (Lq, Lk): how far back each key is
+    allowed = offset >= 0
+    return allowed if window is None else allowed & (offset < window)
 
 
 def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
@@ -66,8 +88,7 @@ def sliding_window_mask(length: int, window: int, device: torch.device | str | N
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     positions = torch.arange(length, device=device)
-    offset = positions[:, None] - positions[None, :]  # (L, L): i - j
-    return (offset >= 0) & (offset < window)
+    return window_mask(positions, positions, window)  # (L, L)
 
 
 def padding_mask(token_ids: Tensor, pad_id: int) -> Tensor:

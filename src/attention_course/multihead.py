@@ -13,6 +13,8 @@ Options of chapters 14 and 15, all off by default (the paper's layer):
   ``positions="alibi"`` adds ALiBi's linear distance bias to the scores (:func:`~attention_course.alibi_bias`).
 - ``num_kv_heads`` < ``num_heads``: grouped-query attention (``1``: multi-query), with key and value
   projections of ``num_kv_heads * d_head`` columns (:func:`~attention_course.grouped_query_attention`).
+- ``config=ModelConfig(...)``: all of these options as one object (:mod:`attention_course.config`), with
+  the rotary pairing (``"interleaved"`` or Llama's ``"half"``) and a sliding window for cached decoding.
 - ``forward(..., cache=KVCache())``: incremental decoding, the new positions' keys and values appended to
   the cache; :meth:`MultiHeadAttention.attend` takes precomputed keys and values (a decoder's
   cross-attention computes those of the encoder output once).
@@ -25,13 +27,27 @@ from torch import Tensor, nn
 
 from attention_course.alibi import alibi_bias_at, alibi_slopes
 from attention_course.checks import check_int
+from attention_course.config import ModelConfig, resolve_config
 from attention_course.grouped_query import grouped_query_attention
 from attention_course.kv_cache import KVCache
+from attention_course.masks import window_mask
 from attention_course.rotary import apply_rotary
 
 __all__ = ["POSITION_SCHEMES", "MultiHeadAttention"]
 
 POSITION_SCHEMES = (None, "rotary", "alibi")
+
+
+def _refuse_rank3_mask(mask: Tensor | None, batch: int, num_heads: int) -> None:
+    """Raise on a rank-3 mask: broadcasting would read ``(B, Lq, Lk)`` as ``(H, Lq, Lk)``, per head."""
+    if isinstance(mask, Tensor) and mask.dim() == 3:
+        raise ValueError(
+            f"a mask of rank 3, shape {tuple(mask.shape)}, is ambiguous for multi-head attention with batch "
+            f"{batch} and {num_heads} heads: broadcast against the scores (B, H, Lq, Lk) its first dimension "
+            "would be read as the heads, not the batch. Give it rank 4: mask[:, None] of shape (B, 1, Lq, Lk) "
+            "for one mask per batch item, or mask[None] of shape (1, H, Lq, Lk) for one per head (or a rank-2 "
+            "(Lq, Lk) mask shared by all)"
+        )
 
 
 class MultiHeadAttention(nn.Module):
@@ -48,8 +64,11 @@ class MultiHeadAttention(nn.Module):
         positions: ``None`` (positions, if any, were added to the input), ``"rotary"`` (rotate queries and
             keys by their positions) or ``"alibi"`` (add ``-m_h·|i - j|`` to head h's scores).
         rotary_base: the frequency base of the rotary embedding.
+        config: a :class:`~attention_course.ModelConfig` carrying these options (and the rotary pairing and
+            sliding window) as one object; the keyword arguments above, when set, must agree with it.
 
     Attributes:
+        config: the resolved :class:`~attention_course.ModelConfig` (what the layer was built with).
         w_q: the query projection, ``nn.Linear(d_model, d_model)``. Row-vector convention:
             ``Q = query @ w_q.weight.T + w_q.bias``.
         w_k: the key projection, ``nn.Linear(d_model, num_kv_heads * d_head)``.
@@ -74,6 +93,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: int | None = None,
         positions: str | None = None,
         rotary_base: float = 10000.0,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("num_heads", num_heads)):
@@ -86,7 +106,11 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        config = resolve_config(config, "MultiHeadAttention", bias=(bias, True), num_kv_heads=(num_kv_heads, None),
+                                positions=(positions, None), rotary_base=(rotary_base, 10000.0))
+        self.config = config
+        bias, positions, rotary_base = config.bias, config.positions, config.rotary_base
+        num_kv_heads = num_heads if config.num_kv_heads is None else config.num_kv_heads
         check_int("num_kv_heads", num_kv_heads)
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}: each "
@@ -102,6 +126,7 @@ class MultiHeadAttention(nn.Module):
                              f"d_head={self.d_head}")
         self.positions = positions
         self.rotary_base = float(rotary_base)
+        self.rotary_pairing = config.rotary_pairing
         self.dropout = float(dropout)
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(d_model, num_kv_heads * self.d_head, bias=bias)
@@ -164,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         keys = self.split_heads(self.w_k(key))  # (B, Hkv, Lk, d_head)
         values = self.split_heads(self.w_v(value))  # (B, Hkv, Lk, d_head)
         if self.positions == "rotary":
-            keys = apply_rotary(keys, positions, self.rotary_base)
+            keys = apply_rotary(keys, positions, self.rotary_base, self.rotary_pairing)
         return keys, values
 
     def attend(
@@ -181,7 +206,8 @@ class MultiHeadAttention(nn.Module):
         Args:
             query: ``(B, Lq, d_model)``, projected here.
             keys, values: from :meth:`project_kv` (or a :class:`~attention_course.KVCache`).
-            mask: bool, broadcastable to ``(B, H, Lq, Lk)``, True = may attend.
+            mask: bool, broadcastable to ``(B, H, Lq, Lk)``, True = may attend; of rank 2 or 4 (a rank-3
+                mask is refused, see :meth:`forward`).
             query_positions: ``(Lq,)`` positions of the queries (rotary and ALiBi); default ``arange(Lq)``.
             key_positions: ``(Lk,)`` positions of the keys (ALiBi); default ``arange(Lk)``.
 
@@ -196,12 +222,13 @@ class MultiHeadAttention(nn.Module):
             if tensor.dim() != 4 or (tensor.size(0), tensor.size(1), tensor.size(3)) != expected:
                 raise ValueError(f"{name} must have shape (batch={expected[0]}, kv_heads={expected[1]}, length, "
                                  f"d_head={expected[2]}), got {tuple(tensor.shape)}")
+        _refuse_rank3_mask(mask, query.size(0), self.num_heads)
         q = self.split_heads(self.w_q(query))  # (B, H, Lq, d_head)
         if query_positions is None:
             query_positions = torch.arange(query.size(1), device=query.device)
         bias = None
         if self.positions == "rotary":
-            q = apply_rotary(q, query_positions, self.rotary_base)
+            q = apply_rotary(q, query_positions, self.rotary_base, self.rotary_pairing)
         elif self.positions == "alibi":
             if key_positions is None:
                 key_positions = torch.arange(keys.size(2), device=query.device)
@@ -225,7 +252,10 @@ class MultiHeadAttention(nn.Module):
             key: ``(B, Lk, d_model)``.
             value: ``(B, Lk, d_model)``.
             mask: optional bool tensor broadcastable to ``(B, H, Lq, Lk)``, True = may attend; e.g. a
-                causal mask ``(Lq, Lk)`` or a padding mask ``(B, 1, 1, Lk)``.
+                causal mask ``(Lq, Lk)`` or a padding mask ``(B, 1, 1, Lk)``. A mask of rank 3 is refused with a
+                ``ValueError``: broadcasting would read ``(B, Lq, Lk)`` as one mask per *head*, which is right
+                only when B happens to equal H. Write ``mask[:, None]`` ``(B, 1, Lq, Lk)`` for one mask per
+                batch item, or ``mask[None]`` ``(1, H, Lq, Lk)`` for one per head.
             cache: a :class:`~attention_course.KVCache` for causal self-attention, one token (or a few) at a
                 time: ``query``, ``key`` and ``value`` are the *new* positions ``p .. p + t - 1`` (``p =
                 cache.position``); their keys and values are appended to the cache and the queries attend to
@@ -250,10 +280,8 @@ class MultiHeadAttention(nn.Module):
         keys, values = cache.append(*self.project_kv(key, value, query_positions))  # (B, Hkv, Lk, d_head)
         key_positions = torch.arange(cache.position - keys.size(2), cache.position, device=query.device)
         if mask is None:
-            offset = query_positions[:, None] - key_positions[None, :]  # (t, Lk): how far back each key is
-            allowed = offset >= 0
-            if cache.window is not None:
-                allowed &= offset < cache.window
+            windows = [w for w in (cache.window, self.config.window) if w is not None]
+            allowed = window_mask(query_positions, key_positions, min(windows) if windows else None)  # (t, Lk)
             mask = None if bool(allowed.all()) else allowed
         return self.attend(query, keys, values, mask, query_positions, key_positions)
 

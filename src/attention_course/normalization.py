@@ -1,6 +1,8 @@
-"""Layer normalisation (Ba, Kiros and Hinton 2016) and dropout (Srivastava et al. 2014), written from scratch.
+"""Layer normalisation (Ba, Kiros and Hinton 2016), RMS normalisation (Zhang and Sennrich 2019) and dropout
+(Srivastava et al. 2014), written from scratch.
 
-Both behave like their PyTorch counterparts, ``nn.LayerNorm(d_model)`` and ``nn.Dropout(p)``.
+Each behaves like its PyTorch counterpart, ``nn.LayerNorm(d_model)``, ``nn.RMSNorm(d_model)`` and
+``nn.Dropout(p)``.
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "LayerNorm"]
+from attention_course.config import ModelConfig
+
+__all__ = ["Dropout", "LayerNorm", "RMSNorm", "norm_for"]
 
 
 class LayerNorm(nn.Module):
@@ -22,15 +26,16 @@ class LayerNorm(nn.Module):
     Args:
         d_model: size of the last dimension of the input.
         eps: added to the variance for numerical stability.
+        bias: whether to learn the shift (``nn.LayerNorm(..., bias=False)`` when False).
 
     Attributes:
         weight: learnable gain ``(d_model,)``, initialised to ones.
-        bias: learnable shift ``(d_model,)``, initialised to zeros.
+        bias: learnable shift ``(d_model,)``, initialised to zeros, or None.
 
     Shape: ``(..., d_model) -> (..., d_model)``.
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
             raise ValueError(f"d_model must be a positive int, got {d_model!r}")
@@ -39,7 +44,7 @@ class LayerNorm(nn.Module):
         self.d_model = d_model
         self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., d_model)`` -> normalised ``(..., d_model)``."""
@@ -53,10 +58,63 @@ class LayerNorm(nn.Module):
             x = x.float()
         var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)  # (..., 1) each, biased variance
         x_hat = (x - mean) * torch.rsqrt(var + self.eps)
-        return (x_hat * self.weight.to(x.dtype) + self.bias.to(x.dtype)).to(dtype)
+        y = x_hat * self.weight.to(x.dtype)
+        return (y if self.bias is None else y + self.bias.to(x.dtype)).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}" + ("" if self.bias is not None else ", bias=False")
+
+
+class RMSNorm(nn.Module):
+    """Divide each token's features by their root mean square, then scale (Zhang and Sennrich 2019).
+
+        y = x / sqrt(mean(x²) + eps) * weight
+
+    LayerNorm without its two centring steps: no mean is subtracted and no bias added. Zhang and Sennrich
+    argue that the re-scaling, not the re-centring, is what stabilises training, and drop the rest to save
+    time; Llama and most models after it use it. Equal to ``nn.RMSNorm(d_model, eps=eps)``.
+
+    Args:
+        d_model: size of the last dimension of the input.
+        eps: added to the mean square for numerical stability.
+
+    Attributes:
+        weight: learnable gain ``(d_model,)``, initialised to ones.
+
+    Shape: ``(..., d_model) -> (..., d_model)``. Half-precision inputs are normalised in float32.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps!r}")
+        self.d_model = d_model
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (..., d_model)`` -> normalised ``(..., d_model)``."""
+        if x.dim() == 0 or x.size(-1) != self.d_model:
+            raise ValueError(f"expected an input of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        dtype = x.dtype
+        if dtype in (torch.float16, torch.bfloat16):
+            x = x.float()  # squares of half-precision numbers overflow (float16) or lose digits (bfloat16)
+        mean_square = x.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
+        return (x * torch.rsqrt(mean_square + self.eps) * self.weight.to(x.dtype)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}"
+
+
+def norm_for(d_model: int, config: ModelConfig | None = None) -> LayerNorm | RMSNorm:
+    """The normalisation a :class:`~attention_course.ModelConfig` asks for: ``LayerNorm`` (with a bias when
+    ``config.bias``) or ``RMSNorm``, with ``config.norm_eps``. Default: ``LayerNorm(d_model)``."""
+    config = ModelConfig() if config is None else config
+    if config.norm == "rmsnorm":
+        return RMSNorm(d_model, eps=config.norm_eps)
+    return LayerNorm(d_model, eps=config.norm_eps, bias=config.bias)
 
 
 class Dropout(nn.Module):

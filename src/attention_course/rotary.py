@@ -18,7 +18,9 @@ from torch import Tensor
 
 from attention_course.checks import check_tensor
 
-__all__ = ["apply_rotary", "rotary_frequencies"]
+__all__ = ["ROTARY_PAIRINGS", "apply_rotary", "rotary_frequencies"]
+
+ROTARY_PAIRINGS = ("interleaved", "half")
 
 
 def rotary_frequencies(dim: int, base: float = 10000.0, device: torch.device | str | None = None) -> Tensor:
@@ -33,8 +35,16 @@ def rotary_frequencies(dim: int, base: float = 10000.0, device: torch.device | s
     return base ** (-two_i / dim)  # (dim/2,)
 
 
-def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000.0) -> Tensor:
+def apply_rotary(
+    x: Tensor, positions: Tensor | None = None, base: float = 10000.0, pairing: str = "interleaved"
+) -> Tensor:
     """Rotate each pair of features ``(2i, 2i+1)`` of ``x`` by the angle ``position · base^(-2i/d)``.
+
+    With ``pairing="half"`` the pairs are ``(i, i + d/2)`` instead: the "rotate-half" layout of GPT-NeoX and
+    of Llama's Hugging Face checkpoints, ``x·cos + rotate_half(x)·sin`` with ``rotate_half(x) = [-x₂, x₁]``.
+    Pair ``i`` turns at the same frequency ``ω_i`` in both layouts, so the two are one rotation applied to
+    features in a different order: ``apply_rotary(x[..., perm], pairing="half") ==
+    apply_rotary(x, pairing="interleaved")[..., perm]`` with ``perm = [0, 2, 4, ..., 1, 3, 5, ...]``.
 
     Args:
         x: ``(..., L, d)`` queries or keys (usually per head, ``(B, H, L, d_head)``); ``d`` must be even.
@@ -42,6 +52,7 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
             (integers or floats). Default ``arange(L)``. A KV-cached decoding step passes the positions of
             its new tokens, e.g. ``arange(past, past + L)``.
         base: the frequency base (10000 in RoFormer and LLaMA, as in the sinusoidal table of chapter 07).
+        pairing: ``"interleaved"`` (pairs ``(2i, 2i+1)``, RoFormer) or ``"half"`` (pairs ``(i, i + d/2)``).
 
     Returns:
         ``(..., L, d)``, same dtype as ``x``. The angles are computed in float64 so that large positions do
@@ -49,9 +60,12 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor.
-        ValueError: ``d`` is odd, ``x`` has fewer than 2 dimensions, or ``positions`` does not broadcast.
+        ValueError: ``d`` is odd, ``x`` has fewer than 2 dimensions, ``positions`` does not broadcast, or an
+            unknown ``pairing``.
     """
     check_tensor("x", x, floating=True)
+    if pairing not in ROTARY_PAIRINGS:
+        raise ValueError(f"pairing must be one of {ROTARY_PAIRINGS}, got {pairing!r}")
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., length, features), got {tuple(x.shape)}")
     length, dim = x.size(-2), x.size(-1)
@@ -69,6 +83,9 @@ def apply_rotary(x: Tensor, positions: Tensor | None = None, base: float = 10000
                          f"{tuple(x.shape[:-1])}") from None
     angles = positions.to(device=x.device, dtype=torch.float64).unsqueeze(-1) * frequencies  # (..., L, d/2)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    if pairing == "half":  # pair i is (x[i], x[i + d/2]): rotate the two halves as blocks
+        first, second = x[..., : dim // 2], x[..., dim // 2 :]  # (..., L, d/2) each
+        return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)  # (..., L, d)
     even, odd = x[..., 0::2], x[..., 1::2]  # (..., L, d/2) each: the two coordinates of every pair
     rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)  # (..., L, d/2, 2)
     return rotated.flatten(-2)  # (..., L, d): pairs interleaved again

@@ -16,8 +16,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attention_course.config import ModelConfig
 from attention_course.layers import DecoderLayer, EncoderLayer
-from attention_course.normalization import LayerNorm
+from attention_course.normalization import LayerNorm, norm_for
 from attention_course.positional import PositionalEncoding
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
@@ -54,6 +55,8 @@ class Encoder(nn.Module):
         final_norm: add a LayerNorm after the last layer. Default (None): only for pre-norm stacks, whose
             residual stream is otherwise never normalised. ``nn.TransformerEncoder`` inside ``nn.Transformer``
             always has one; pass True to match it.
+        config: a :class:`~attention_course.ModelConfig` passed to every layer (and used for the final
+            normalisation); default: the paper's choices.
 
     Shape: ``forward(x (B, L, d_model), mask) -> (B, L, d_model)``; ``mask`` broadcastable to ``(B, H, L, L)``.
     """
@@ -67,14 +70,15 @@ class Encoder(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = False,
         final_norm: bool | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         _check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
+            EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, config=config) for _ in range(num_layers)
         )
         use_final_norm = norm_first if final_norm is None else final_norm
-        self.norm = LayerNorm(d_model) if use_final_norm else None
+        self.norm = norm_for(d_model, config) if use_final_norm else None
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         for layer in self.layers:
@@ -112,14 +116,15 @@ class Decoder(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = False,
         final_norm: bool | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         _check_positive_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
-            DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first) for _ in range(num_layers)
+            DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, config=config) for _ in range(num_layers)
         )
         use_final_norm = norm_first if final_norm is None else final_norm
-        self.norm = LayerNorm(d_model) if use_final_norm else None
+        self.norm = norm_for(d_model, config) if use_final_norm else None
 
     def forward(
         self,
@@ -157,6 +162,8 @@ class Transformer(nn.Module):
             (``src_vocab_size == tgt_vocab_size``). The output projection then has no bias.
         max_len: longest source or target sequence (size of the positional table).
         final_norm: final LayerNorm on both stacks; default: only for pre-norm (see :class:`Encoder`).
+        config: a :class:`~attention_course.ModelConfig` for both stacks' layers (attention options,
+            normalisation, feed-forward); default: the paper's choices.
 
     Attributes:
         src_embedding: ``nn.Embedding`` of the source tokens.
@@ -189,6 +196,7 @@ class Transformer(nn.Module):
         tie_embeddings: bool = False,
         max_len: int = 512,
         final_norm: bool | None = None,
+        config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
@@ -205,7 +213,7 @@ class Transformer(nn.Module):
         self.tgt_embedding = self.src_embedding if tie_embeddings else nn.Embedding(tgt_vocab_size, d_model)
         self.positional_encoding = PositionalEncoding(d_model, max_len=max_len, dropout=dropout)
         stack = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout, norm_first=norm_first,
-                     final_norm=final_norm)
+                     final_norm=final_norm, config=config)
         self.encoder = Encoder(num_encoder_layers, **stack)
         self.decoder = Decoder(num_decoder_layers, **stack)
         self.generator = nn.Linear(d_model, tgt_vocab_size, bias=not tie_embeddings)
