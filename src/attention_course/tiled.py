@@ -205,7 +205,9 @@ def _tiled_backward(grad_output: Tensor, query: Tensor, key: Tensor, value: Tens
 
     ``D`` is the softmax's correction term, computed once from ``dO`` and ``O`` instead of from the full
     ``P``. The outer loop runs over key blocks (each one's ``dK``, ``dV`` finished in one go) and the inner
-    one over query blocks (``dQ`` accumulated), the order of FlashAttention-2.
+    one over query blocks (``dQ`` accumulated), the order of FlashAttention's backward pass (Dao et al. 2022,
+    Algorithm 4). Saving only ``O`` and the one log-sum-exp ``L`` per row, rather than the row's maximum and
+    sum separately, is FlashAttention-2's form (Dao 2023).
     """
     q_len, k_len = query.size(-2), key.size(-2)
     delta = (grad_output * output).sum(dim=-1)  # (..., Lq): D

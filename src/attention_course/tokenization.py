@@ -2,10 +2,12 @@
 
 - :class:`CharTokenizer`: one token per character, over a :class:`~attention_course.vocabulary.Vocabulary`
   built from the training text (characters it never saw become ``<unk>``).
-- :class:`BPETokenizer`: byte-pair encoding (Sennrich et al. 2016) trained with the ``tokenizers`` library
-  (GPT-2's byte-level pre-tokenisation: text is split into words and runs of spaces, each word starts from its
-  bytes). BPE training is the library's fast, well-tested implementation; the rule it applies is simple
-  enough to do by hand, which :func:`count_pairs` and :func:`merge_pair` do for the lesson.
+- :class:`BPETokenizer`: byte-pair encoding (Sennrich et al. 2016) trained with the ``tokenizers`` library, in
+  GPT-2's byte-level scheme (Radford et al. 2019): text is split into words and runs of spaces, each word
+  starts from its UTF-8 bytes, and the vocabulary always holds all 256 byte symbols, so any text, in any
+  script, encodes and decodes exactly, whatever the training text contained. BPE training is the library's
+  fast, well-tested implementation; the rule it applies is simple enough to do by hand, which
+  :func:`count_pairs` and :func:`merge_pair` do for the lesson.
 
 The merge rule: start with every word spelt as a sequence of symbols; count how often each pair of adjacent
 symbols occurs (each word weighted by its frequency); merge the most frequent pair into one new symbol
@@ -25,7 +27,10 @@ from torch import Tensor
 
 from attention_course.vocabulary import UNK, Vocabulary
 
-__all__ = ["BPETokenizer", "CharTokenizer", "count_pairs", "merge_pair"]
+__all__ = ["BYTE_ALPHABET_SIZE", "BPETokenizer", "CharTokenizer", "count_pairs", "merge_pair"]
+
+#: How many symbols a byte-level BPE vocabulary holds before its first merge: one per byte value.
+BYTE_ALPHABET_SIZE = 256
 
 
 class CharTokenizer:
@@ -100,26 +105,35 @@ class BPETokenizer:
 
     Args:
         texts: the training texts.
-        vocab_size: the vocabulary size to reach (byte symbols seen in the texts + merges).
+        vocab_size: the vocabulary size to reach: the 256 byte symbols plus ``vocab_size - 256`` merges.
 
     Attributes:
         tokenizer: the ``tokenizers.Tokenizer``.
         merges: the learned merges, in the order they were learned, as pairs of symbols.
 
-    Symbols are written the byte-level way: a space is ``Ġ``, a newline ``Ċ``.
+    Symbols are written the byte-level way: a space is ``Ġ``, a newline ``Ċ``. Every one of the 256 bytes is a
+    symbol of the vocabulary before any merge (GPT-2's initial alphabet), so a byte the training texts never
+    contained (an accent, a CJK character, an emoji) still encodes, as its bytes, and decodes back.
+
+    Raises:
+        ValueError: ``vocab_size`` is not an int of at least 256, or ``texts`` is not a non-empty list.
     """
 
     def __init__(self, texts: Sequence[str], vocab_size: int = 512) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < BYTE_ALPHABET_SIZE:
+            raise ValueError(f"vocab_size must be an int >= {BYTE_ALPHABET_SIZE} (every byte is a symbol before "
+                             f"any merge), got {vocab_size!r}")
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings")
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+        # All 256 byte symbols from the start (GPT-2's alphabet), not only the bytes the texts happen to hold:
+        # without them a byte unseen in training has no token and silently vanishes from the decoded text.
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tokenizer.train_from_iterator(texts, trainer=trainer)
         self.tokenizer = tokenizer
         self.merges: list[tuple[str, str]] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)

@@ -13,17 +13,27 @@ capped at a fixed number of characters (files are taken whole, in sorted order, 
 so the work a lesson does on the corpus is bounded and about the same on Python 3.10 to 3.13, even though
 their standard libraries differ.
 
+Two kinds of top-level files are left out because they are not text anyone wrote as a module: the frozen-import
+test fixtures (``__hello__.py``, ``__phello__*``) and the build configuration that ``sysconfig`` generates for
+one machine (``_sysconfigdata_*.py``). Files are named relative to the standard library directory, so nothing
+printed names the machine's own paths.
+
 Nothing is written to disk and nothing is committed: the text is read at run time.
 """
 
 from __future__ import annotations
 
+import sys
 import sysconfig
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["StdlibCorpus", "load_stdlib_corpus", "stdlib_directory"]
+
+#: Name prefixes of top-level files that are not modules written as text: import-system test fixtures and the
+#: build configuration ``sysconfig`` writes for one machine.
+SKIPPED_PREFIXES = ("__hello__", "__phello__", "_sysconfigdata_")
 
 
 def stdlib_directory() -> Path:
@@ -49,9 +59,17 @@ class StdlibCorpus:
     valid_files: list[str] = field(default_factory=list)
     directory: Path = field(default_factory=stdlib_directory)
 
+    @property
+    def source(self) -> str:
+        """Where the files come from, without the machine's own path: ``"the standard library of Python 3.12"``
+        for the running interpreter's standard library, else the directory's last component."""
+        if Path(self.directory) == stdlib_directory():
+            return f"the standard library of Python {sys.version_info.major}.{sys.version_info.minor}"
+        return f"{Path(self.directory).name}/"
+
     def __repr__(self) -> str:
         return (f"StdlibCorpus(train={len(self.train):,} chars from {len(self.train_files)} files, "
-                f"valid={len(self.valid):,} chars from {len(self.valid_files)} files, from {self.directory})")
+                f"valid={len(self.valid):,} chars from {len(self.valid_files)} files, from {self.source})")
 
 
 def _is_validation(name: str, valid_every: int) -> bool:
@@ -75,7 +93,8 @@ def load_stdlib_corpus(
         directory: read from here instead of the interpreter's standard library (for tests).
 
     Returns:
-        A :class:`StdlibCorpus`. Files are read as UTF-8; a file that cannot be decoded is skipped.
+        A :class:`StdlibCorpus`. Files are read as UTF-8; a file that cannot be decoded is skipped, and so is a
+        file whose name starts with one of :data:`SKIPPED_PREFIXES` (test fixtures, generated configuration).
 
     Raises:
         ValueError: a non-positive size, or no files found.
@@ -85,7 +104,7 @@ def load_stdlib_corpus(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     root = Path(directory) if directory is not None else stdlib_directory()
-    paths = sorted(root.glob("*.py"))
+    paths = sorted(path for path in root.glob("*.py") if not path.name.startswith(SKIPPED_PREFIXES))
     if not paths:
         raise ValueError(f"no .py files found in {root}")
     parts: dict[str, list[str]] = {"train": [], "valid": []}
