@@ -71,3 +71,17 @@ from attention_course.grouped_query import grouped_query_attention
 from attention_course.layers import DecoderLayerCache
 from attention_course.masks import sliding_window_mask
 from attention_course.rotary import apply_rotary
+
+# Chapter 17: serving attention
+from attention_course.serving import (
+    OutOfBlocksError,
+    PagedKVCache,
+    Request,
+    block_and_offset,
+    paged_forward,
+    paged_generate,
+    serve_continuous,
+    serve_static,
+    speculative_accept,
+    speculative_generate,
+)
