@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from attention_course.checks import check_int
-from attention_course.sampling import top_k_filter, top_p_filter
+from attention_course.sampling import sample_next_token, top_k_filter, top_p_filter
 
 __all__ = [
     "OutOfBlocksError",
@@ -312,9 +312,10 @@ def _check_ids(tokens: object, name: str) -> Tensor:
 def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence[int], tokens: Tensor) -> Tensor:
     """Logits for ``t`` new tokens of each of ``B`` sequences, each continuing at its own length in ``cache``.
 
-    For each sequence the new positions are reserved in the cache; in every block the new keys and values
-    are written to the blocks, then each sequence's keys and values are gathered (padded to the longest)
-    and the new queries attend to that sequence's positions up to their own (a causal mask per row).
+    For each sequence the new positions are reserved in the cache; in every layer the new keys and values
+    are written to the cache's blocks, then each sequence's keys and values are gathered (padded to the
+    longest) and the new queries attend to that sequence's positions up to their own (a causal mask per
+    row). The layers are the model's own (its norms, attention projections and ``attend``, feed-forward).
 
     Args:
         model: a :class:`~attention_course.DecoderOnlyLM` (in ``eval()`` mode).
@@ -383,8 +384,6 @@ def paged_generate(
     Returns ``(Lp + max_new_tokens,)``: the same tokens as ``model.generate(prompt, n, temperature)``. The
     sequence is freed from ``cache`` at the end.
     """
-    from attention_course.sampling import sample_next_token
-
     prompt = _check_ids(prompt_ids, "prompt_ids")
     check_int("max_new_tokens", max_new_tokens, minimum=0)
     if cache is None:  # a pool just large enough for this one sequence
@@ -427,8 +426,11 @@ class ServingLog:
         first_token_step: request id -> the step that produced its first token.
         steps: steps until the last request finished.
         seconds: wall-clock seconds of the whole run.
-        batch_sizes: sequences in the batch at each step (for static batching, finished ones included).
+        batch_sizes: sequences in the batch at each step (for static batching, finished ones included);
+            one entry per step, idle steps included.
         blocks_used: cache blocks in use after each step (continuous batching; empty for static).
+        positions_held: positions (tokens) the running sequences hold in the cache after each step.
+        block_tables: a copy of every block table after each step (with ``record_tables=True``).
         events: ``(step, request id, "start" | "finish")`` in order.
     """
 
@@ -439,6 +441,7 @@ class ServingLog:
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
     blocks_used: list[int] = field(default_factory=list)
+    positions_held: list[int] = field(default_factory=list)
     events: list[tuple[int, int, str]] = field(default_factory=list)
     block_tables: list[dict[int, list[int]]] = field(default_factory=list)
 
@@ -466,8 +469,6 @@ def _check_trace(requests: Sequence[Request], max_batch: int) -> list[Request]:
 
 
 def _next_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> list[int]:
-    from attention_course.sampling import sample_next_token
-
     return sample_next_token(logits, temperature, generator=generator).tolist()
 
 
@@ -495,8 +496,13 @@ def serve_continuous(
     log, waiting, running = ServingLog(), list(requests), []
     start_time, step = time.perf_counter(), 0
     while waiting or running:
-        if not running and waiting[0].arrival > step:  # nothing to run until the next arrival
-            step = waiting[0].arrival
+        while not running and waiting[0].arrival > step:  # idle until the next arrival
+            log.batch_sizes.append(0)
+            log.blocks_used.append(cache.num_used_blocks)
+            log.positions_held.append(0)
+            if record_tables:
+                log.block_tables.append({})
+            step += 1
         while waiting and waiting[0].arrival <= step and len(running) < max_batch:
             request = waiting[0]
             need = cache.blocks_needed(request.prompt.numel() + request.output_length)
@@ -530,7 +536,8 @@ def serve_continuous(
             log.finish_step[request.request_id] = step
             log.events.append((step, request.request_id, "finish"))
         log.blocks_used.append(cache.num_used_blocks)
-        if record_tables:
+        log.positions_held.append(sum(cache.lengths.values()))
+        if record_tables:  # a snapshot of every block table, for pictures of the pool
             log.block_tables.append({i: list(t) for i, t in cache.block_tables.items()})
     log.steps, log.seconds = step, time.perf_counter() - start_time
     return log
@@ -555,7 +562,9 @@ def serve_static(
     log, waiting = ServingLog(), list(requests)
     start_time, step = time.perf_counter(), 0
     while waiting:
-        step = max(step, waiting[0].arrival)
+        while waiting[0].arrival > step:  # idle until the next arrival
+            log.batch_sizes.append(0)
+            step += 1
         batch = [r for r in waiting if r.arrival <= step][:max_batch]
         for r in batch:
             waiting.remove(r)
@@ -626,6 +635,7 @@ class SpeculativeResult:
         tokens: ``(Lp + n,)`` the prompt and the generated tokens.
         proposed: draft tokens proposed in all.
         accepted: draft tokens accepted.
+        rejected: draft tokens rejected (at most one per round: the rest of that draft is never checked).
         target_calls: target model calls (each checks a whole draft).
         draft_calls: draft model calls.
     """
@@ -633,12 +643,15 @@ class SpeculativeResult:
     tokens: Tensor
     proposed: int = 0
     accepted: int = 0
+    rejected: int = 0
     target_calls: int = 0
     draft_calls: int = 0
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted / max(self.proposed, 1)
+        """Accepted among the draft tokens checked (each round checks up to its first rejection): an estimate
+        of the probability ``alpha`` that the target accepts one draft token."""
+        return self.accepted / max(self.accepted + self.rejected, 1)
 
     def tokens_per_target_call(self, prompt_length: int) -> float:
         return (self.tokens.numel() - prompt_length) / max(self.target_calls, 1)
@@ -715,8 +728,9 @@ def speculative_generate(
     def uniform() -> float:
         return float(torch.rand((), generator=generator, device=generator.device if generator else "cpu"))
 
-    def sample(p: Tensor) -> int:
-        return int(torch.multinomial(p.float(), 1, generator=generator)[0])
+    def sample(p: Tensor) -> int:  # on the generator's device, wherever the models run
+        p = p.float() if generator is None else p.float().to(generator.device)
+        return int(torch.multinomial(p, 1, generator=generator)[0])
 
     result = SpeculativeResult(prompt)
     tokens = prompt.tolist()
@@ -741,6 +755,7 @@ def speculative_generate(
             accepted, residual = speculative_accept(token, p[i], q[i], uniform() if temperature > 0 else 0.0)
             if not accepted:
                 tokens.append(sample(residual) if temperature > 0 else int(p[i].argmax()))
+                result.rejected += 1
                 break
             tokens.append(token)
             result.accepted += 1

@@ -16,4 +16,5 @@ BENCHMARKS: dict[str, str] = {
     "mha_vs_torch_time_ratio": "mha",
     "grading_seconds_per_notebook": "grading",
     "decoder_lm": "decoder_lm",
+    "serving": "serving",
 }
