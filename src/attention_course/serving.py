@@ -568,8 +568,10 @@ def serve_static(
         batch = [r for r in waiting if r.arrival <= step][:max_batch]
         for r in batch:
             waiting.remove(r)
-        longest = max(r.prompt.numel() + r.output_length for r in batch)
-        cache = PagedKVCache.for_model(model, block_size=16, num_blocks=len(batch) * -(-longest // 16))
+        # every row runs as many steps as the longest output, finished or not
+        steps = max(r.output_length for r in batch)
+        blocks = sum(-(-(r.prompt.numel() + steps) // 16) for r in batch)
+        cache = PagedKVCache.for_model(model, block_size=16, num_blocks=blocks)
         for r in batch:
             cache.allocate(r.request_id)
             logits = paged_forward(model, cache, [r.request_id], r.prompt.reshape(1, -1))

@@ -139,7 +139,8 @@ def test_paged_forward_batches_sequences_of_different_lengths():
 
 
 def _trace(g, count=8):
-    return [ac.Request(i, 2 * i, torch.randint(0, 40, (3 + i % 4,), generator=g),
+    # Prompt lengths vary (3..18) so that a short output can sit next to a long prompt in a static batch.
+    return [ac.Request(i, 2 * i, torch.randint(0, 40, (3 + 5 * (i % 4),), generator=g),
                        2 + int(torch.randint(1, 14, (1,), generator=g))) for i in range(count)]
 
 
@@ -241,3 +242,17 @@ def test_speculative_sampling_keeps_the_target_distribution():
     draft_counts = torch.bincount(torch.multinomial(p_draft.float(), draws, replacement=True, generator=g),
                                   minlength=len(sequences)).double()
     assert _chi_square_p_value(draft_counts, p_target) < significance
+
+
+def test_static_batching_sizes_its_cache_for_rows_that_keep_running():
+    # A long prompt with a short answer beside a short prompt with a long answer: in a static batch the
+    # first row keeps running (and growing) until the second is done.
+    model = _model()
+    g = torch.Generator().manual_seed(6)
+    requests = [ac.Request(0, 0, torch.randint(0, 40, (30,), generator=g), 2),
+                ac.Request(1, 0, torch.randint(0, 40, (2,), generator=g), 30)]
+    log = ac.serve_static(model, requests, max_batch=2)
+    for r in requests:
+        assert log.outputs[r.request_id] == model.generate(r.prompt, r.output_length, temperature=0)[
+            r.prompt.numel():].tolist()
+    assert log.steps == 29 and log.batch_sizes == [2] * 29
