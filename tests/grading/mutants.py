@@ -249,7 +249,8 @@ MUTANTS = [
     Mutant("speculative_residual_from_target", "ex17_serving_attention", "verify_draft",
            "return i, residual / residual.sum()", "return i, p_target[i]"),
     Mutant("intensity_cache_shared_by_batch", "ex17_serving_attention", "decode_intensity",
-           "cache = 2 * num_layers * context * d_kv * batch", "cache = 2 * num_layers * context * d_kv"),
+           "cache = 2 * num_layers * d_kv * positions",
+           "cache = 2 * num_layers * d_kv * int(contexts.max())"),
     # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
     Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),

@@ -194,30 +194,32 @@ def _verify_verify(case: Case, output: Any) -> str | None:
 
 # --- part 3: the arithmetic intensity of a decode step ------------------------------------------------------
 def _intensity_cases(g: torch.Generator) -> list[Case]:
-    def pick(*options: int) -> int:
-        return options[int(torch.randint(0, len(options), (1,), generator=g))]
+    def contexts(batch: int, low: int, high: int) -> torch.Tensor:
+        return torch.randint(low, high + 1, (batch,), generator=g)
 
-    chapter = dict(num_params=80_000, num_layers=2, d_model=48, d_kv=48, context=32, batch=4, bytes_per_value=4)
-    seven_b = dict(num_params=6_700_000_000, num_layers=32, d_model=4096, d_kv=4096, context=2048, batch=16,
-                   bytes_per_value=2)
-    gqa = dict(num_params=6_700_000_000, num_layers=32, d_model=4096, d_kv=1024, context=pick(1024, 4096, 8192),
-               batch=pick(8, 32, 64), bytes_per_value=2)
-    random = dict(num_params=pick(10**6, 5 * 10**6, 3 * 10**7), num_layers=pick(2, 6, 12), d_model=pick(64, 256),
-                  d_kv=pick(64, 128), context=pick(100, 500, 3000), batch=pick(3, 7, 20), bytes_per_value=4)
+    def case(name: str, num_params: int, num_layers: int, d_model: int, d_kv: int, lengths: torch.Tensor,
+             bytes_per_value: int) -> Case:
+        return Case(name, (num_params, num_layers, d_model, d_kv, lengths, bytes_per_value))
+
+    seven_b = (6_700_000_000, 32, 4096)
     return [
-        Case("chapter 13's model: batch 4, context 32, float32", (), chapter),
-        Case("a 7B model, multi-head, batch 16, context 2048, 16-bit", (), seven_b),
-        Case("a 7B model with 8 KV heads (d_kv = 1024), a larger batch", (), gqa),
-        Case("random sizes, float32", (), random),
-        Case("batch 2, context 1", (), dict(chapter, context=1, batch=2)),
+        case("chapter 13's model: 4 sequences of 8 to 32 positions, float32", 80_000, 2, 48, 48,
+             contexts(4, 8, 32), 4),
+        case("a 7B model, multi-head, 16 sequences of 1,000 to 4,000 positions, 16-bit", *seven_b, 4096,
+             contexts(16, 1000, 4000), 2),
+        case("a 7B model with 8 KV heads (d_kv = 1024), 64 sequences", *seven_b, 1024, contexts(64, 100, 8000), 2),
+        case("12 layers of width 256, 7 sequences, float32", 10_000_000, 12, 256, 128, contexts(7, 1, 3000), 4),
+        case("2 sequences of one position each", 80_000, 2, 48, 48, torch.ones(2, dtype=torch.long), 4),
     ]
 
 
-def _intensity(num_params: int, num_layers: int, d_model: int, d_kv: int, context: int, batch: int,
+def _intensity(num_params: int, num_layers: int, d_model: int, d_kv: int, contexts: torch.Tensor,
                bytes_per_value: int, kv: int = 2, cache_per_sequence: bool = True,
                weights_per_sequence: bool = False) -> float:
-    flops = batch * (2 * num_params + 4 * num_layers * context * d_model)
-    cache = kv * num_layers * context * d_kv * (batch if cache_per_sequence else 1)
+    batch, total = contexts.numel(), int(contexts.sum())
+    flops = batch * 2 * num_params + 4 * num_layers * d_model * total
+    cached = total if cache_per_sequence else int(contexts.max())  # the mistake: one cache for all
+    cache = kv * num_layers * d_kv * cached
     weights = num_params * (batch if weights_per_sequence else 1)
     return flops / (bytes_per_value * (weights + cache))
 
@@ -227,24 +229,24 @@ def _ratio_matches(actual: Any, expected: float) -> bool:
 
 
 _INTENSITY_MISTAKES = (
-    Mistake(lambda kw: _intensity(**kw, kv=1),
-            "the cache holds keys AND values: 2 * layers * context * d_kv numbers per sequence"),
-    Mistake(lambda kw: _intensity(**kw, cache_per_sequence=False),
-            "each sequence reads its own cache: the cache traffic grows with the batch (only the weights are "
-            "shared)"),
-    Mistake(lambda kw: _intensity(**kw, weights_per_sequence=True),
+    Mistake(lambda *a: _intensity(*a, kv=1),
+            "the cache holds keys AND values: 2 * layers * d_kv numbers per cached position"),
+    Mistake(lambda *a: _intensity(*a, cache_per_sequence=False),
+            "each sequence reads its own cache: the cache traffic is the sum over the sequences (only the "
+            "weights are shared)"),
+    Mistake(lambda *a: _intensity(*a, weights_per_sequence=True),
             "the weights are read once per step for the whole batch, not once per sequence: that sharing is "
             "what batching buys"),
 )
 
 
 def _verify_intensity(case: Case, output: Any) -> str | None:
-    expected = _intensity(**case.kwargs)
+    expected = _intensity(*case.args)
 
     def value() -> str | None:
         if _ratio_matches(float(output), expected):
             return None
-        return (diagnose(_INTENSITY_MISTAKES, float(output), case.kwargs, matches=_ratio_matches)
+        return (diagnose(_INTENSITY_MISTAKES, float(output), *case.args, matches=_ratio_matches)
                 or f"your intensity is {float(output):.6g} FLOP/byte, expected {expected:.6g}")
 
     return first_problem(lambda: scalar_problem(output, "the intensity"), value)
@@ -278,9 +280,10 @@ EXERCISE = Exercise(
         Part(
             name="decode_intensity",
             points=2,
-            summary="FLOPs per byte of one decoding step for a batch: weights once, each sequence's cache",
-            hint="FLOPs: batch * (2 * num_params + 4 * num_layers * context * d_model). Bytes: "
-                 "bytes_per_value * (num_params + 2 * num_layers * context * d_kv * batch). Divide.",
+            summary="FLOPs per byte of one decoding step for a batch of sequences of different lengths",
+            hint="Every sequence pays 2 FLOPs per weight and 4 * layers * d_model per cached position; the "
+                 "weights cross the memory bus once for the whole batch, each sequence's keys and values "
+                 "(2 * layers * d_kv numbers per position) once each. Sum the positions over the batch.",
             make_cases=_intensity_cases,
             verify=_verify_intensity,
         ),
