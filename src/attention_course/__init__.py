@@ -88,3 +88,16 @@ from attention_course.config import ModelConfig
 from attention_course.feedforward import SwiGLU
 from attention_course.masks import window_mask
 from attention_course.normalization import RMSNorm
+# Chapter 17: serving attention
+from attention_course.serving import (
+    OutOfBlocksError,
+    PagedKVCache,
+    Request,
+    block_and_offset,
+    paged_forward,
+    paged_generate,
+    serve_continuous,
+    serve_static,
+    speculative_accept,
+    speculative_generate,
+)

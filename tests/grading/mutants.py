@@ -258,6 +258,17 @@ MUTANTS = [
            "            scores[:, ablated] = 0.0  # the softmax renormalises these\n"
            "            weights = torch.softmax(scores.masked_fill(~causal, float(\"-inf\")), dim=-1)\n"
            "            outputs = weights @ v\n"),
+    # --- ex17 (notebook ex17_serving_attention) -----------------------------------------------------------
+    Mutant("lookup_offset_off_by_one", "ex17_serving_attention", "locate",
+           "return block_table[entries], positions % block_size",
+           "return block_table[entries], (positions + 1) % block_size"),
+    Mutant("speculative_accept_without_ratio", "ex17_serving_attention", "verify_draft",
+           "if uniforms[i] >= min(1.0, float(ratio)):", "if uniforms[i] >= 1.0:"),
+    Mutant("speculative_residual_from_target", "ex17_serving_attention", "verify_draft",
+           "return i, residual / residual.sum()", "return i, p_target[i]"),
+    Mutant("intensity_cache_shared_by_batch", "ex17_serving_attention", "decode_intensity",
+           "cache = 2 * num_layers * d_kv * positions",
+           "cache = 2 * num_layers * d_kv * int(contexts.max())"),
     # --- bug hunt: partial or wrong fixes ----------------------------------------------------------------
     Mutant("cross_fixes_keys_only", BUG_HUNT, "multi_head_cross_attention",
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,"),

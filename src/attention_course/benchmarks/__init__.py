@@ -17,4 +17,5 @@ BENCHMARKS: dict[str, str] = {
     "grading_seconds_per_notebook": "grading",
     "decoder_lm": "decoder_lm",
     "induction_heads": "induction",
+    "serving": "serving",
 }

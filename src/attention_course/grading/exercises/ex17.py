@@ -1,0 +1,306 @@
+"""Exercise 17, serving attention: the checks behind ``exercises/ex17_serving_attention.ipynb``.
+
+The learner writes three pieces of chapter 17: the block-table lookup of a paged KV cache (token positions
+to physical blocks and slots), the verification step of speculative decoding (how many draft tokens the
+target accepts, and the distribution the next token is drawn from: the normalised residual
+``max(0, p - q)`` after a rejection, the target's own distribution after a fully accepted draft), and the
+arithmetic intensity of one decoding step (FLOPs per byte moved).
+
+References are computed in the checking process from the definitions, in float64. The messages recognise
+the usual mistakes: an offset one slot off, the logical block index returned instead of the physical block,
+accepting whenever the draft token is likely without the ratio ``p/q``, drawing the replacement from the
+target instead of the residual, a missing factor 2 for keys and values, a cache read once for the whole
+batch, weights read once per sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attention_course.grading.compare import (
+    close_problem,
+    first_problem,
+    scalar_problem,
+    tensor_problem,
+    tuple_problem,
+)
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_concepts
+
+PREAMBLE = preamble()
+
+
+# --- part 1: the block-table lookup -------------------------------------------------------------------------
+def _lookup_cases(g: torch.Generator) -> list[Case]:
+    def table(blocks: int, pool: int) -> torch.Tensor:
+        return torch.randperm(pool, generator=g)[:blocks]  # physical blocks in no particular order
+
+    def positions(length: int, count: int) -> torch.Tensor:
+        return torch.randint(0, length, (count,), generator=g)
+
+    return [
+        Case("block size 4, a table of 3 blocks, positions 0..11 in order",
+             (torch.arange(12), table(3, 10), 4)),
+        Case("block size 16, a table of 5 blocks, 20 random positions", (positions(80, 20), table(5, 32), 16)),
+        Case("block size 2, positions 0..5", (torch.arange(6), table(3, 9), 2)),
+        Case("block size 8, the last slot of each block (7, 15, 23)",
+             (torch.tensor([7, 15, 23]), table(3, 12), 8)),
+        Case("block size 3, positions out of order", (torch.tensor([8, 0, 5, 3, 6]), table(3, 7), 3)),
+    ]
+
+
+def _lookup(positions: torch.Tensor, block_table: torch.Tensor, block_size: int,
+            shift: int = 0, logical: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    index = (positions + shift) // block_size
+    index = index.clamp(max=block_table.numel() - 1)
+    offsets = (positions + shift) % block_size
+    return (index if logical else block_table[index]), offsets
+
+
+_LOOKUP_MISTAKES = (
+    Mistake(lambda p, t, s: _lookup(p, t, s, shift=1),
+            "your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
+            "p // block_size, counting from 0"),
+    Mistake(lambda p, t, s: _lookup(p, t, s, shift=-1),
+            "your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
+            "p // block_size, counting from 0"),
+    Mistake(lambda p, t, s: _lookup(p, t, s, logical=True),
+            "you returned the entry of the table (p // block_size), not the physical block stored there: "
+            "look it up in block_table"),
+)
+
+
+def _verify_lookup(case: Case, output: Any) -> str | None:
+    positions, block_table, block_size = case.args
+    blocks, offsets = _lookup(positions, block_table, block_size)
+
+    def values() -> str | None:
+        if torch.equal(output[0].long(), blocks) and torch.equal(output[1].long(), offsets):
+            return None
+        wrong_offsets = (output[1].long() != offsets).nonzero()
+        if wrong_offsets.numel() and torch.equal(output[0].long(), blocks):
+            i = int(wrong_offsets[0])
+            return (f"position {int(positions[i])}: your offset is {int(output[1][i])}, expected "
+                    f"{int(offsets[i])} (position % block_size with block_size {block_size})")
+        message = diagnose(_LOOKUP_MISTAKES, tuple(output), positions, block_table, block_size,
+                           matches=lambda a, e: all(torch.equal(x.long(), y) for x, y in zip(a, e)))
+        if message:
+            return message
+        i = int((output[0].long() != blocks).nonzero()[0])
+        return (f"position {int(positions[i])}: your block is {int(output[0][i])}, expected {int(blocks[i])} "
+                f"(entry {int(positions[i]) // block_size} of the table {block_table.tolist()})")
+
+    return first_problem(
+        lambda: tuple_problem(output, "blocks", "offsets"),
+        lambda: tensor_problem(output[0], "your blocks", positions.shape, floating=False),
+        lambda: tensor_problem(output[1], "your offsets", positions.shape, floating=False),
+        values,
+    )
+
+
+# --- part 2: verifying a draft ------------------------------------------------------------------------------
+def _distributions(g: torch.Generator, rows: int, vocab: int, sharpness: float = 2.0) -> torch.Tensor:
+    return torch.softmax(sharpness * torch.randn(rows, vocab, generator=g, dtype=torch.float64), dim=-1)
+
+
+def _verify_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, k: int, vocab: int, uniforms: torch.Tensor | None = None,
+             same: bool = False) -> Case:
+        p_target = _distributions(g, k + 1, vocab)
+        p_draft = p_target[:k].clone() if same else _distributions(g, k, vocab)
+        draft = torch.multinomial(p_draft, 1, generator=g)[:, 0]
+        if uniforms is None:
+            uniforms = torch.rand(k, generator=g, dtype=torch.float64)
+        return Case(name, (draft, p_target, p_draft, uniforms))
+
+    # A draft token the draft likes more than the target, with u above the ratio: it must be rejected.
+    p_target = torch.tensor([[0.10, 0.60, 0.30], [0.20, 0.30, 0.50]], dtype=torch.float64)
+    p_draft = torch.tensor([[0.50, 0.25, 0.25]], dtype=torch.float64)
+    unlikely = Case("one draft token with p_target 0.1 < p_draft 0.5 and u = 0.4 (> 0.1 / 0.5)",
+                    (torch.tensor([0]), p_target, p_draft, torch.tensor([0.4], dtype=torch.float64)))
+    lucky = Case("the same token with u = 0.15 (< 0.1 / 0.5 = 0.2)",
+                 (torch.tensor([0]), p_target, p_draft, torch.tensor([0.15], dtype=torch.float64)))
+    return [
+        unlikely,
+        lucky,
+        case("4 draft tokens, vocabulary 6, random u", 4, 6),
+        case("3 draft tokens, vocabulary 10, u = 0.99 (rejects whenever p < q)", 3, 10,
+             torch.full((3,), 0.99, dtype=torch.float64)),
+        case("5 draft tokens, vocabulary 8, u = 0.5", 5, 8, torch.full((5,), 0.5, dtype=torch.float64)),
+        case("the draft equals the target: all accepted, the bonus distribution", 3, 5, same=True),
+        case("1 draft token, vocabulary 4, random u", 1, 4),
+    ]
+
+
+def _verify_draft(draft: torch.Tensor, p_target: torch.Tensor, p_draft: torch.Tensor, uniforms: torch.Tensor,
+                  ratio: bool = True, residual_from_target: bool = False) -> tuple[int, torch.Tensor]:
+    for i, token in enumerate(draft.tolist()):
+        p, q = float(p_target[i, token]), float(p_draft[i, token])
+        accept = float(uniforms[i]) < min(1.0, p / q) if ratio else True  # without the ratio: always
+        if not accept:
+            if residual_from_target:
+                return i, p_target[i]
+            residual = (p_target[i] - p_draft[i]).clamp_min(0)
+            return i, residual / residual.sum()
+    return draft.numel(), p_target[draft.numel()]
+
+
+_VERIFY_MISTAKES = (
+    Mistake(lambda *a: _verify_draft(*a, residual_from_target=True),
+            "after a rejection your next token comes from the target's distribution p: it must come from the "
+            "residual max(0, p - q), normalised (what acceptance left missing), or the output is not "
+            "distributed as p"),
+)
+
+
+def _check_verify_output(output: Any, vocab: int) -> str | None:
+    return first_problem(
+        lambda: tuple_problem(output, "num_accepted", "distribution"),
+        lambda: scalar_problem(output[0], "num_accepted"),
+        lambda: tensor_problem(output[1], "your distribution", (vocab,)),
+    )
+
+
+def _verify_verify(case: Case, output: Any) -> str | None:
+    draft, p_target, p_draft, uniforms = case.args
+    expected_n, expected_dist = _verify_draft(draft, p_target, p_draft, uniforms)
+
+    def count() -> str | None:
+        n = int(output[0])
+        if n == expected_n:
+            return None
+        without_ratio, _ = _verify_draft(draft, p_target, p_draft, uniforms, ratio=False)
+        if n > expected_n and n == without_ratio:
+            i = expected_n
+            token = int(draft[i])
+            return (f"draft token {i} (id {token}) has p_target {float(p_target[i, token]):.3g} < p_draft "
+                    f"{float(p_draft[i, token]):.3g} and u = {float(uniforms[i]):.3g} is above their ratio: "
+                    "accept with probability min(1, p/q), not whenever it is merely possible")
+        return f"you accepted {n} draft tokens, expected {expected_n}: token i is kept while u_i < min(1, p/q)"
+
+    def distribution() -> str | None:
+        problem = close_problem(output[1], expected_dist, "your distribution",
+                                "the residual max(0, p - q) normalised" if expected_n < draft.numel()
+                                else "the target's distribution after the last draft token", atol=1e-6)
+        if problem is None:
+            return None
+        return diagnose(_VERIFY_MISTAKES, (int(output[0]), output[1]), draft, p_target, p_draft, uniforms,
+                        matches=lambda a, e: a[0] == e[0] and torch.allclose(a[1].double(), e[1], atol=1e-6)) \
+            or problem
+
+    return first_problem(lambda: _check_verify_output(output, p_target.size(1)), count, distribution)
+
+
+# --- part 3: the arithmetic intensity of a decode step ------------------------------------------------------
+def _intensity_cases(g: torch.Generator) -> list[Case]:
+    def contexts(batch: int, low: int, high: int) -> torch.Tensor:
+        return torch.randint(low, high + 1, (batch,), generator=g)
+
+    def case(name: str, num_params: int, num_layers: int, d_model: int, d_kv: int, lengths: torch.Tensor,
+             bytes_per_value: int) -> Case:
+        return Case(name, (num_params, num_layers, d_model, d_kv, lengths, bytes_per_value))
+
+    seven_b = (6_700_000_000, 32, 4096)
+    return [
+        case("chapter 13's model: 4 sequences of 8 to 32 positions, float32", 80_000, 2, 48, 48,
+             contexts(4, 8, 32), 4),
+        case("a 7B model, multi-head, 16 sequences of 1,000 to 4,000 positions, 16-bit", *seven_b, 4096,
+             contexts(16, 1000, 4000), 2),
+        case("a 7B model with 8 KV heads (d_kv = 1024), 64 sequences", *seven_b, 1024, contexts(64, 100, 8000), 2),
+        case("12 layers of width 256, 7 sequences, float32", 10_000_000, 12, 256, 128, contexts(7, 1, 3000), 4),
+        case("2 sequences of one position each", 80_000, 2, 48, 48, torch.ones(2, dtype=torch.long), 4),
+    ]
+
+
+def _intensity(num_params: int, num_layers: int, d_model: int, d_kv: int, contexts: torch.Tensor,
+               bytes_per_value: int, kv: int = 2, cache_per_sequence: bool = True,
+               weights_per_sequence: bool = False) -> float:
+    batch, total = contexts.numel(), int(contexts.sum())
+    flops = batch * 2 * num_params + 4 * num_layers * d_model * total
+    cached = total if cache_per_sequence else int(contexts.max())  # the mistake: one cache for all
+    cache = kv * num_layers * d_kv * cached
+    weights = num_params * (batch if weights_per_sequence else 1)
+    return flops / (bytes_per_value * (weights + cache))
+
+
+def _ratio_matches(actual: Any, expected: float) -> bool:
+    return isinstance(actual, (int, float)) and abs(float(actual) / expected - 1) < 1e-6
+
+
+_INTENSITY_MISTAKES = (
+    Mistake(lambda *a: _intensity(*a, kv=1),
+            "the cache holds keys AND values: 2 * layers * d_kv numbers per cached position"),
+    Mistake(lambda *a: _intensity(*a, cache_per_sequence=False),
+            "each sequence reads its own cache: the cache traffic is the sum over the sequences (only the "
+            "weights are shared)"),
+    Mistake(lambda *a: _intensity(*a, weights_per_sequence=True),
+            "the weights are read once per step for the whole batch, not once per sequence: that sharing is "
+            "what batching buys"),
+)
+
+
+def _verify_intensity(case: Case, output: Any) -> str | None:
+    expected = _intensity(*case.args)
+
+    def value() -> str | None:
+        if _ratio_matches(float(output), expected):
+            return None
+        return (diagnose(_INTENSITY_MISTAKES, float(output), *case.args, matches=_ratio_matches)
+                or f"your intensity is {float(output):.6g} FLOP/byte, expected {expected:.6g}")
+
+    return first_problem(lambda: scalar_problem(output, "the intensity"), value)
+
+
+EXERCISE = Exercise(
+    id="ex17",
+    title="Serving attention",
+    preamble=PREAMBLE,
+    parts=(
+        Part(
+            name="locate",
+            points=2,
+            summary="token positions -> (physical block, slot) through a paged cache's block table",
+            hint="Entry p // block_size of the table holds position p, at slot p % block_size. Index the table "
+                 "with the entries of all positions at once.",
+            make_cases=_lookup_cases,
+            verify=_verify_lookup,
+        ),
+        Part(
+            name="verify_draft",
+            points=4,
+            summary="speculative decoding's check of k draft tokens: how many are accepted, and the "
+                    "distribution of the next token",
+            hint="Walk through the draft in order. Token i is accepted while u_i < min(1, p_i(x_i) / q_i(x_i)). "
+                 "At the first rejection return i and max(0, p_i - q_i) divided by its sum; if none is "
+                 "rejected return k and the target's row k (the bonus token's distribution).",
+            make_cases=_verify_cases,
+            verify=_verify_verify,
+        ),
+        Part(
+            name="decode_intensity",
+            points=2,
+            summary="FLOPs per byte of one decoding step for a batch of sequences of different lengths",
+            hint="Every sequence pays 2 FLOPs per weight and 4 * layers * d_model per cached position; the "
+                 "weights cross the memory bus once for the whole batch, each sequence's keys and values "
+                 "(2 * layers * d_kv numbers per position) once each. Sum the positions over the batch.",
+            make_cases=_intensity_cases,
+            verify=_verify_intensity,
+        ),
+    ),
+)
+
+EXERCISE = with_concepts(EXERCISE, {
+    "locate": (
+        "A paged cache stores a sequence in fixed-size blocks scattered over a pool; the block table lists "
+        "them in order, like a page table maps virtual to physical memory."
+    ),
+    "verify_draft": (
+        "Accepting a draft token x with probability min(1, p(x)/q(x)) and otherwise drawing from "
+        "max(0, p - q) normalised gives exactly the target's distribution p."
+    ),
+    "decode_intensity": (
+        "Arithmetic intensity is FLOPs divided by bytes moved; a decoding step reads every weight once for "
+        "the whole batch and each sequence's own keys and values."
+    ),
+})
