@@ -44,6 +44,7 @@ from attention_course.masks import causal_mask, sliding_window_mask
 from attention_course.multihead import MultiHeadAttention
 from attention_course.normalization import Dropout, norm_for
 from attention_course.positional import LearnedPositionalEmbedding, PositionalEncoding
+from attention_course.runtime import autocast_dtype
 from attention_course.sampling import sample_next_token
 
 __all__ = [
@@ -540,8 +541,9 @@ def train_language_model(
 
     Each step draws :func:`random_windows` of ``length + 1`` tokens, computes :func:`next_token_loss`, and
     updates. Weight decay applies to matrices only (not to biases, LayerNorm gains or positions' 1-D
-    parameters), as in GPT-2. On CUDA the forward pass runs under ``torch.autocast`` in bfloat16 (float16
-    with a gradient scaler where bfloat16 is not supported); on a CPU everything stays float32.
+    parameters), as in GPT-2. On CUDA the forward pass runs under ``torch.autocast`` in bfloat16 where the GPU
+    runs it natively, in float16 with a gradient scaler on older GPUs
+    (:func:`~attention_course.runtime.autocast_dtype`); on a CPU everything stays float32.
 
     Args:
         model: the model (already on its device).
@@ -563,9 +565,7 @@ def train_language_model(
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
-    amp_dtype = None
-    if device.type == "cuda":
-        amp_dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    amp_dtype = autocast_dtype(device)  # bfloat16 only where the GPU runs it natively; None on a CPU
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     log = LMTrainingLog(amp_dtype=amp_dtype)
     train_ids = train_ids.to(device)
