@@ -402,6 +402,18 @@ GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
         "                return found['reference_top_k'](logits, k)\n"
         "        frame = frame.f_back\n"
         "    raise RuntimeError('not found')\n")}, "runtime"),
+    "walks_the_stack_through_a_library_function": (EX13, {"top_k_filter": (
+        "import heapq, traceback\n"
+        "def top_k_filter(logits, k):\n"
+        "    for frame, _ in heapq.nlargest(1000, traceback.walk_stack(None), key=lambda item: 0):\n"
+        "        while frame is not None:\n"
+        "            for value in list(frame.f_locals.values()):\n"
+        "                run = getattr(value, 'run', None)\n"
+        "                found = getattr(getattr(run, 'run', run), '__globals__', {})\n"
+        "                if 'reference_top_k' in found:\n"
+        "                    return found['reference_top_k'](logits, k)\n"
+        "            frame = frame.f_back\n"
+        "    raise RuntimeError('not found')\n")}, "runtime"),
     "executes_the_library_file": (EX14, {"rotate_pairs": (
         "import os, sys\n"
         "def rotate_pairs(x, positions, base=10000.0):\n"

@@ -293,11 +293,15 @@ _LAZY_IMPORTS = ("sympy", "torch.fx.experimental.symbolic_shapes")
 def _warm_up_lazy_imports() -> None:
     import importlib
 
+    import torch
+
     for name in _LAZY_IMPORTS:
         try:
             importlib.import_module(name)
         except Exception:  # not installed: nothing to import lazily either
             pass
+    # torch.manual_seed imports its device modules on first use; seeding with the initial seed changes nothing.
+    torch.manual_seed(torch.initial_seed())
 
 
 def main(channel_fd: int, settings_json: str) -> None:

@@ -315,25 +315,19 @@ def _refuse(func: Any) -> None:
 
 
 class _RefuseAttentionCalls:
-    """While active, every attention function or kernel of PyTorch raises: Python-level calls
-    (``F.scaled_dot_product_attention``, through a function mode) and the operators they become (through
-    a dispatch mode)."""
+    """While active, every attention function of PyTorch raises when called (``F.scaled_dot_product_attention``
+    and the like, through a function mode; a dispatch mode would also see the kernels, but it imports
+    ``torch._dynamo`` on first use, which the worker's guard does not allow learner code to trigger)."""
 
     def __enter__(self) -> _RefuseAttentionCalls:
         from torch.overrides import TorchFunctionMode
-        from torch.utils._python_dispatch import TorchDispatchMode
 
         class Functions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 _refuse(func)
                 return func(*args, **(kwargs or {}))
 
-        class Kernels(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                _refuse(func)
-                return func(*args, **(kwargs or {}))
-
-        self._modes = [Functions(), Kernels()]
+        self._modes = [Functions()]
         for mode in self._modes:
             mode.__enter__()
         return self
