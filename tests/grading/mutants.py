@@ -29,6 +29,7 @@ class Mutant:
     part: str
     old: str
     new: str
+    zero: bool = False  # must score 0 on its part (right only on cases that do not tell it apart)
 
 
 MUTANTS = [
@@ -171,7 +172,17 @@ MUTANTS = [
            "torch.matmul(query, key.transpose(-2, -1)) * scale", "torch.matmul(query, key.transpose(-2, -1))"),
     Mutant("tiled_is_naive", "ex11_efficient_attention", "tiled_attention",
            "scale = 1.0 / math.sqrt(query.shape[-1])",
-           "return torch.softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1) @ value"),
+           "return torch.softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1) @ value",
+           zero=True),
+    Mutant("tiled_calls_sdpa", "ex11_efficient_attention", "tiled_attention",
+           "scale = 1.0 / math.sqrt(query.shape[-1])", "return F.scaled_dot_product_attention(query, key, value)",
+           zero=True),
+    Mutant("tiled_numpy_full_matrix", "ex11_efficient_attention", "tiled_attention",
+           "scale = 1.0 / math.sqrt(query.shape[-1])",
+           "import numpy as np\n"
+           "    s = query.numpy() @ key.numpy().swapaxes(-1, -2) / math.sqrt(query.shape[-1])\n"
+           "    w = np.exp(s - s.max(-1, keepdims=True))\n"
+           "    return torch.from_numpy((w / w.sum(-1, keepdims=True)) @ value.numpy())", zero=True),
     Mutant("tiled_not_normalised", "ex11_efficient_attention", "tiled_attention",
            "outputs.append(accumulator / running_sum[..., None])", "outputs.append(accumulator)"),
     Mutant("tiled_key_loop_over_queries", "ex11_efficient_attention", "tiled_attention",
@@ -185,6 +196,14 @@ MUTANTS = [
            "drop_sorted = mass_before >= p", "drop_sorted = torch.cumsum(probs, dim=-1) > p"),
     Mutant("sample_filters_after_draw", "ex13_decoder_only_language_models", "sample_next_token",
            "probs = torch.softmax(filtered, dim=-1)", "probs = torch.softmax(scaled, dim=-1)"),
+    Mutant("sample_quantile_no_randomness", "ex13_decoder_only_language_models", "sample_next_token",
+           "return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])",
+           "u = (torch.arange(flat.size(0), dtype=flat.dtype) + 0.5) / flat.size(0)\n"
+           "    tokens = torch.searchsorted(flat.cumsum(-1), u[:, None]).clamp(max=flat.size(-1) - 1)\n"
+           "    return tokens.reshape(probs.shape[:-1])", zero=True),
+    Mutant("sample_seeds_the_global_generator", "ex13_decoder_only_language_models", "sample_next_token",
+           "return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])",
+           "torch.manual_seed(0)\n    return torch.multinomial(flat, 1).reshape(probs.shape[:-1])", zero=True),
     Mutant("temperature_on_probabilities", "ex13_decoder_only_language_models", "sample_next_token",
            "scaled = logits / temperature", "scaled = torch.log(torch.softmax(logits, dim=-1) / temperature)"),
     Mutant("cached_step_skips_new_token", "ex13_decoder_only_language_models", "cached_attention_step",
@@ -215,9 +234,10 @@ MUTANTS = [
     Mutant("alibi_slopes_reversed", EX14, "add_alibi",
            "return torch.tensor(slopes)", "return torch.tensor(slopes).flip(0)"),
     Mutant("alibi_slopes_power_of_two_formula_for_any_count", EX14, "add_alibi",
-           "slopes = geometric(n) + geometric(2 * n)[0::2][: num_heads - n]", "slopes = geometric(num_heads)"),
+           "slopes = geometric(n) + geometric(2 * n)[0::2][: num_heads - n]", "slopes = geometric(num_heads)",
+           zero=True),
     Mutant("alibi_bias_not_aligned_with_last_keys", EX14, "add_alibi",
-           "query_at = torch.arange(length_q) + (length_k - length_q)", "query_at = torch.arange(length_q)"),
+           "query_at = torch.arange(length_q) + (length_k - length_q)", "query_at = torch.arange(length_q)", zero=True),
     Mutant("alibi_bias_signed_distance", EX14, "add_alibi",
            "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])"),
     Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
@@ -228,7 +248,7 @@ MUTANTS = [
     Mutant("gqa_unscaled", "ex15_attention_at_inference_scale", "grouped_query_attention",
            " / math.sqrt(query.size(-1))", ""),
     Mutant("gqa_mask_ignored", "ex15_attention_at_inference_scale", "grouped_query_attention",
-           'scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores"),
+           'scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores", zero=True),
     Mutant("window_off_by_one", "ex15_attention_at_inference_scale", "sliding_window_mask",
            "(offset >= 0) & (offset < window)", "(offset >= 0) & (offset <= window)"),
     Mutant("window_symmetric", "ex15_attention_at_inference_scale", "sliding_window_mask",

@@ -324,6 +324,144 @@ LIBRARY_ATTACKS: dict[str, tuple[str, str]] = {
         "    return getattr(_lib, 'soft_attention' + '_weights')(scores, beta)\n"),
 }
 
+# Attacks that reach the course library (or the grader's references) by a route the source check cannot
+# read (issue 23): a name built at run time, a module table, the garbage collector, pickle, frames, the
+# package's files, a class's globals, a helper of another part. Each would return the library's right
+# answer if the route were open; the run-time guard (import_guard) must refuse it. notebook -> {part: source}.
+# "runtime": the source check must NOT be what stopped it (its message is not the rule's "no marks: it uses").
+EX10, EX13, EX14, EX15 = ("ex10_decoder_and_transformer", "ex13_decoder_only_language_models",
+                          "ex14_positions_for_long_contexts", "ex15_attention_at_inference_scale")
+GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
+    "imports_a_submodule_by_a_built_string": (EX14, {"rotate_pairs": (
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    rotary = __import__('attention' + '_course.rotary', fromlist=['apply_rotary'])\n"
+        "    return rotary.apply_rotary(x, positions, base)\n")}, "runtime"),
+    "imports_through_the_package_attribute": (EX14, {"rotate_pairs": (
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    return __import__('attention' + '_course').rotary.apply_rotary(x, positions, base)\n")}, "runtime"),
+    "import_module_of_decoded_bytes": (EX14, {"rotate_pairs": (
+        "import importlib\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    name = bytes([97, 116, 116, 101, 110, 116, 105, 111, 110, 95, 99, 111, 117, 114, 115, 101]).decode()\n"
+        "    return importlib.import_module(name + '.rotary').apply_rotary(x, positions, base)\n")}, "runtime"),
+    "import_module_of_a_bytes_constant": (EX14, {"rotate_pairs": (
+        "import importlib\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    module = importlib.import_module(b'attention_course.rotary'.decode())\n"
+        "    return module.apply_rotary(x, positions, base)\n")}, "source"),
+    "scans_sys_modules": (EX15, {"grouped_query_attention": (
+        "import sys\n"
+        "def grouped_query_attention(query, key, value, mask=None):\n"
+        "    module = next(m for k, m in list(sys.modules.items()) if k.endswith('.grouped_query'))\n"
+        "    return module.grouped_query_attention(query, key, value, mask=mask)\n")}, "runtime"),
+    "scans_gc_objects": (EX15, {"grouped_query_attention": (
+        "import gc\n"
+        "def grouped_query_attention(query, key, value, mask=None):\n"
+        "    found = next(o for o in gc.get_objects() if callable(o) and getattr(o, '__name__', '') ==\n"
+        "                 'grouped_query_attention' and str(getattr(o, '__module__', '')).endswith('grouped_query'))\n"
+        "    return found(query, key, value, mask=mask)\n")}, "runtime"),
+    "unpickles_the_graders_reference": (EX13, {"top_k_filter": (
+        "import pickle\n"
+        "def top_k_filter(logits, k):\n"
+        "    name = ('attention' + '_course.grading.exercises.ex13').encode()\n"
+        "    return pickle.loads(b'c' + name + b'\\nreference_top_k\\n.')(logits, k)\n")}, "runtime"),
+    "unpickles_a_bytes_constant": (EX13, {"top_k_filter": (
+        "import pickle\n"
+        "def top_k_filter(logits, k):\n"
+        "    return pickle.loads(b'cattention_course.grading.exercises.ex13\\nreference_top_k\\n.')(logits, k)\n")},
+        "source"),
+    "walks_frames_to_the_exercise": (EX13, {"top_k_filter": (
+        "import sys\n"
+        "def top_k_filter(logits, k):\n"
+        "    frame = sys._getframe(1)\n"
+        "    while frame is not None:\n"
+        "        for value in list(frame.f_locals.values()):\n"
+        "            for candidate in (getattr(value, 'verify', None), getattr(value, 'run', None)):\n"
+        "                found = getattr(getattr(candidate, 'verify', candidate), '__globals__', {})\n"
+        "                if 'reference_top_k' in found:\n"
+        "                    return found['reference_top_k'](logits, k)\n"
+        "            if isinstance(value, dict):\n"
+        "                for item in value.values():\n"
+        "                    run = item[0] if isinstance(item, tuple) else item\n"
+        "                    found = getattr(getattr(run, 'run', run), '__globals__', {})\n"
+        "                    if 'reference_top_k' in found:\n"
+        "                        return found['reference_top_k'](logits, k)\n"
+        "        frame = frame.f_back\n"
+        "    raise RuntimeError('not found')\n")}, "runtime"),
+    "walks_a_traceback_to_the_exercise": (EX13, {"top_k_filter": (
+        "def top_k_filter(logits, k):\n"
+        "    try:\n"
+        "        raise ValueError\n"
+        "    except ValueError as exc:\n"
+        "        frame = exc.__traceback__.tb_frame\n"
+        "    while frame is not None:\n"
+        "        for value in list(frame.f_locals.values()):\n"
+        "            run = getattr(value, 'run', None)\n"
+        "            found = getattr(getattr(run, 'run', run), '__globals__', {})\n"
+        "            if 'reference_top_k' in found:\n"
+        "                return found['reference_top_k'](logits, k)\n"
+        "        frame = frame.f_back\n"
+        "    raise RuntimeError('not found')\n")}, "runtime"),
+    "walks_the_stack_through_a_library_function": (EX13, {"top_k_filter": (
+        "import heapq, traceback\n"
+        "def top_k_filter(logits, k):\n"
+        "    for frame, _ in heapq.nlargest(1000, traceback.walk_stack(None), key=lambda item: 0):\n"
+        "        while frame is not None:\n"
+        "            for value in list(frame.f_locals.values()):\n"
+        "                run = getattr(value, 'run', None)\n"
+        "                found = getattr(getattr(run, 'run', run), '__globals__', {})\n"
+        "                if 'reference_top_k' in found:\n"
+        "                    return found['reference_top_k'](logits, k)\n"
+        "            frame = frame.f_back\n"
+        "    raise RuntimeError('not found')\n")}, "runtime"),
+    "executes_the_library_file": (EX14, {"rotate_pairs": (
+        "import os, sys\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    folder = os.path.dirname(sys.modules['attention' + '_course'].__file__)\n"
+        "    namespace = {}\n"
+        "    with open(os.path.join(folder, 'rotary.py')) as source:\n"
+        "        exec(source.read(), namespace)\n"
+        "    return namespace['apply_rotary'](x, positions, base)\n")}, "runtime"),
+    "runs_a_fresh_interpreter": (EX14, {"rotate_pairs": (
+        "import subprocess, sys, torch, io\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    code = ('import sys, io, torch; from ' + 'attention' + '_course.rotary import apply_rotary as f; '\n"
+        "            'x, p, b = torch.load(io.BytesIO(sys.stdin.buffer.read())); '\n"
+        "            'buf = io.BytesIO(); torch.save(f(x, p, b), buf); sys.stdout.buffer.write(buf.getvalue())')\n"
+        "    given = io.BytesIO()\n"
+        "    torch.save((x, positions, base), given)\n"
+        "    done = subprocess.run([sys.executable, '-c', code], input=given.getvalue(), capture_output=True)\n"
+        "    return torch.load(io.BytesIO(done.stdout))\n")}, "runtime"),
+    "forks_and_execs_through_posixsubprocess": (EX14, {"rotate_pairs": (
+        "import os, sys\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    fork_exec = sys.modules['subprocess']._posixsubprocess.fork_exec\n"
+        "    raise RuntimeError('LEAK: fork_exec is still reachable: ' + repr(fork_exec))\n")}, "runtime"),
+    "reaches_a_reference_through_a_class": (EX10, {"greedy_decode": (
+        "def greedy_decode(model, src, max_len, bos_id, eos_id, pad_id):\n"
+        "    for klass in type(model).__mro__:\n"
+        "        for value in vars(klass).values():\n"
+        "            found = getattr(value, '__globals__', {}).get('greedy_decode')\n"
+        "            if found is not None and found is not greedy_decode:\n"
+        "                return found(model, src, max_len, bos_id, eos_id, pad_id=pad_id)\n"
+        "    raise RuntimeError('not found')\n")}, "runtime"),
+    "borrows_a_helper_of_an_allowed_part": (EX10, {
+        "decoder_layer_forward": (
+            "def decoder_layer_forward(layer, y, memory, self_mask=None, memory_mask=None):\n"
+            "    raise NotImplementedError\n\n"
+            "def lower_triangle(length):\n"
+            "    return ac.causal_mask(length)\n"),
+        "decoder_masks": (
+            "def decoder_masks(src, decoder_input, pad_id):\n"
+            "    self_mask = lower_triangle(decoder_input.size(1))\n"
+            "    return self_mask, (src != pad_id)[:, None, None, :]\n")}, "runtime"),
+    "hides_the_call_in_a_cell_magic": (EX14, {"rotate_pairs": (
+        "%%time\n"
+        "import attention_course as ac\n"
+        "def rotate_pairs(x, positions, base=10000.0):\n"
+        "    return ac.apply_rotary(x, positions, base)\n")}, "source"),
+}
+
 # Files that are not notebooks, under names that say they are.
 FILE_ATTACKS = ["fifo", "symlink_to_dev_zero", "symlink_to_etc_passwd", "oversized", "deeply_nested_json"]
 
@@ -423,6 +561,11 @@ def attacked(tmp_path_factory) -> Run:
     for name, (part, source) in LIBRARY_ATTACKS.items():
         nb = nbformat.read(LEARNER, as_version=4)
         graded_cell(nb, part).source = source
+        nbformat.write(nb, sub / f"attack_{name}.ipynb")
+    for name, (notebook, sources, _) in GUARD_ATTACKS.items():
+        nb = nbformat.read(LEARNER.parent / f"{notebook}.ipynb", as_version=4)
+        for part, source in sources.items():
+            graded_cell(nb, part).source = source
         nbformat.write(nb, sub / f"attack_{name}.ipynb")
     # ex10: the decoder layer stolen from the reference the checker used to send along with the case.
     nb = nbformat.read(LEARNER_EX10, as_version=4)
@@ -526,7 +669,24 @@ def test_the_reference_does_not_travel_with_the_case(attacked):
     _check_the_run(attacked)
     entry = _attacker(attacked, "attack_steals_the_reference_ex10.ipynb")
     part = next(p for p in entry["parts"] if p["name"] == "decoder_layer_forward")
-    assert "KeyError" in part["message"], part
+    # The reference is not in the case (KeyError), and the frames that lead to the case are refused first.
+    assert "KeyError" in part["message"] or "may not inspect frames" in part["message"], part
+
+
+@pytest.mark.parametrize("attack", list(GUARD_ATTACKS))
+def test_no_route_to_the_library_earns_marks(attacked, attack):
+    """Issue 23: every route to a library module or a reference the part may not use fails at run time,
+    whatever string or object reaches it; a source-level disguise the rule reads fails with its message."""
+    _check_the_run(attacked)
+    entry = _attacker(attacked, f"attack_{attack}.ipynb")
+    _, sources, layer = GUARD_ATTACKS[attack]
+    attacked_part = list(sources)[-1]
+    message = next(part["message"] for part in entry["parts"] if part["name"] == attacked_part)
+    if layer == "runtime":
+        assert "no marks: it uses" not in message, message  # the run-time guard stopped it, not the source check
+        assert "NotImplementedError" not in message and "not attempted" not in message, message
+    else:
+        assert "no marks: it uses" in message, message
 
 
 @pytest.mark.parametrize("attack", FILE_ATTACKS)

@@ -64,6 +64,8 @@ def test_mutant_loses_the_marks_of_its_part(graded, mutant):
     # Partial credit: the part keeps the cases the mistake does not touch, never all of them (and with
     # --all-or-nothing, a failed part scores 0: see test_all_or_nothing).
     assert part["status"] == "failed" and part["score"] < part["max_score"], f"{mutant.name} was not caught: {part}"
+    if mutant.zero:  # right only on cases that cannot tell it apart: no credit at all (issue 23)
+        assert part["score"] == 0, f"{mutant.name} kept {part['score']} of {part['max_score']}: {part}"
     assert any(not case["passed"] for case in part["cases"]) or not part["cases"]
     assert entry["score"] < entry["max_score"]
     assert "Traceback" not in part["message"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from attention_course.grading import memory_cgroup
 from attention_course.grading.exercises import exercise_ids
 from attention_course.grading.grader import UNISOLATED, SandboxUnavailable, find_notebooks, grade_paths
 from attention_course.grading.report import (
@@ -28,7 +29,7 @@ from attention_course.grading.report import (
     to_json,
     write,
 )
-from attention_course.grading.sandbox import DEFAULT_OUTPUT_LIMIT
+from attention_course.grading.sandbox import BUDGET_STEPS, DEFAULT_OUTPUT_LIMIT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, metavar="OUT", help="write one row per notebook to OUT")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="time allowed for each graded cell and each part's checks (default 30)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help=f"time one notebook's code may take in all, retries included (default "
+                             f"{BUDGET_STEPS} times --timeout, whatever its number of cells)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="notebooks graded in parallel (default 1)")
     parser.add_argument("--seed", type=int, help="seed for the generated inputs (default: fresh per notebook)")
     parser.add_argument("--exercise", choices=exercise_ids(), help="grade every notebook as this exercise")
@@ -57,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feedback-format", choices=["md", "html"], default="md",
                         help="feedback files as Markdown (default) or HTML")
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.jobs < 1 or args.output_limit < 0:
-        parser.error("--timeout must be > 0, --jobs >= 1 and --output-limit >= 0")
+    if args.timeout <= 0 or args.jobs < 1 or args.output_limit < 0 or (args.budget is not None and args.budget <= 0):
+        parser.error("--timeout and --budget must be > 0, --jobs >= 1 and --output-limit >= 0")
     roster = None
     if args.roster is not None:
         try:
@@ -73,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_sandbox:
         print(f"WARNING: {UNISOLATED}: learners' code can read and change your files, the other submissions "
               "and the grades, and reach the network. Never use --no-sandbox for a real class.", file=sys.stderr)
+    if not args.no_sandbox:
+        warning = memory_cgroup.fallback_message()
+        if warning:
+            print(warning, file=sys.stderr)
     try:
         results = grade_paths(args.paths, timeout=args.timeout, jobs=args.jobs, seed=args.seed,
                               exercise_id=args.exercise, output_limit=args.output_limit,
-                              all_or_nothing=args.all_or_nothing,
+                              all_or_nothing=args.all_or_nothing, budget=args.budget,
                               isolation="none" if args.no_sandbox else "required")
     except SandboxUnavailable as exc:
         print(f"refusing to grade: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attention_course.grading.judge import NOT_ATTEMPTED, PartVerdict, failed_part, judge_part
+from attention_course.grading.learner_text import parse
 from attention_course.grading.spec import Case, Exercise, Part
 
 __all__ = [
@@ -44,15 +45,7 @@ _TIME_LIMIT = re.compile(r"did not finish within the time limit of ([0-9.eE+-]+)
 
 # --- what a cell defines and uses ---------------------------------------------------------------------
 def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError):
-        try:  # IPython syntax (magics, !cmd) in a graded cell
-            from IPython.core.inputtransformer2 import TransformerManager
-
-            return ast.parse(TransformerManager().transform_cell(source))
-        except Exception:
-            return None
+    return parse(source)  # IPython syntax read in one bounded pass (learner_text)
 
 
 def bound_names(source: str) -> set[str]:

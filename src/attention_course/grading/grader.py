@@ -163,6 +163,7 @@ def grade_notebook(
     isolation: str = "required",
     limits: Limits | None = None,
     warm: int = 0,
+    budget: float | None = None,
 ) -> NotebookResult:
     """Grade one notebook; never raises for anything about the file or the code in it.
 
@@ -178,10 +179,12 @@ def grade_notebook(
         limits: resource limits of the learner's processes (default
             :class:`~attention_course.grading.isolation.Limits`).
         warm: sandboxes to keep started ahead of need (see :func:`grade_paths`).
+        budget: seconds the notebook's code may take in all (default
+            :func:`~attention_course.grading.sandbox.notebook_budget`: fixed, not per cell).
     """
     started = time.monotonic()
     result = _grade_notebook(path, timeout, seed, exercise_id, output_limit, all_or_nothing,
-                             isolation, limits, warm)
+                             isolation, limits, warm, budget)
     result.seconds = time.monotonic() - started
     return _clean(result)
 
@@ -234,7 +237,7 @@ def _read_notebook(path: Path) -> tuple[nbformat.NotebookNode, str] | str:
 
 def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise_id: str | None,
                     output_limit: int, all_or_nothing: bool, isolation: str = "required",
-                    limits: Limits | None = None, warm: int = 0) -> NotebookResult:
+                    limits: Limits | None = None, warm: int = 0, budget: float | None = None) -> NotebookResult:
     path = Path(path)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little")
@@ -264,7 +267,8 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
     cases = {part.name: part.make_cases(generator) for part in exercise.parts}
     to_run = [(part.name, cases[part.name]) for part in exercise.parts if part.name in present]
     sandbox = run_parts(exercise.id, exercise.preamble, cells, to_run, timeout=timeout, output_limit=output_limit,
-                        isolation=isolation, limits=limits, allowed=exercise_allowed(exercise.id), warm=warm)
+                        isolation=isolation, limits=limits, allowed=exercise_allowed(exercise.id), warm=warm,
+                        budget=budget)
 
     sources = {part: source for _, part, source in cells}
     check_cells = {part.name: _check_cell_intact(nb, part.name, part.function) for part in exercise.parts}
@@ -288,6 +292,7 @@ def grade_paths(
     all_or_nothing: bool = False,
     isolation: str = "required",
     limits: Limits | None = None,
+    budget: float | None = None,
 ) -> list[NotebookResult]:
     """Grade every notebook under ``paths`` (see :func:`find_notebooks`), ``jobs`` at a time, in order.
 
@@ -313,7 +318,7 @@ def grade_paths(
         try:
             return grade_notebook(path, timeout=timeout, seed=seed, exercise_id=exercise_id,
                                   output_limit=output_limit, all_or_nothing=all_or_nothing, isolation=isolation,
-                                  limits=limits, warm=max(1, jobs))
+                                  limits=limits, warm=max(1, jobs), budget=budget)
         except Exception as exc:  # a bug in an exercise's checks must not stop a whole class's grading
             return _clean(dataclasses.replace(
                 _fail(path, f"internal grader error ({type(exc).__name__}: {exc}); please report it"),

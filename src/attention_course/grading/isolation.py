@@ -34,6 +34,7 @@ from pathlib import Path
 __all__ = [
     "INSTALL_HINT",
     "Limits",
+    "SANDBOX_BASELINE",
     "SandboxUnavailable",
     "Snapshot",
     "bwrap_path",
@@ -79,12 +80,26 @@ class Limits:
         processes: processes and threads (``RLIMIT_NPROC``; per sandbox: its own uid or user namespace).
         tmpfs: bytes of the sandbox's private ``/tmp``.
         cpu_seconds: CPU time of the whole process (``RLIMIT_CPU``), a backstop for the wall clock.
+        sandbox_memory: bytes of memory the whole sandbox may use, every process and shared memory
+            included (a memory cgroup, ``attention_course.grading.memory_cgroup``); ``None``: ``memory``
+            plus :data:`SANDBOX_BASELINE` (what Python and torch use after start-up).
     """
 
     memory: int = 2 * 1024**3
     processes: int = 64
     tmpfs: int = 64 * 1024**2
     cpu_seconds: int = 600
+    sandbox_memory: int | None = None
+
+    @property
+    def cgroup_limit(self) -> int:
+        """The memory cgroup's limit: ``sandbox_memory``, or ``memory`` plus :data:`SANDBOX_BASELINE`."""
+        return self.sandbox_memory if self.sandbox_memory is not None else self.memory + SANDBOX_BASELINE
+
+
+#: Memory a worker uses after start-up (Python, torch, the exercise modules), added to ``Limits.memory``
+#: for the sandbox's memory cgroup.
+SANDBOX_BASELINE = 1024**3
 
 
 def bwrap_path() -> str | None:

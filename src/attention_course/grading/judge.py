@@ -28,6 +28,7 @@ class CaseVerdict:
 
     name: str
     message: str | None
+    credit: bool = True  # counts for proportional credit (see Case.credit)
 
     @property
     def passed(self) -> bool:
@@ -56,9 +57,10 @@ class PartVerdict:
     def score(self) -> float:
         if self.status == PASSED:
             return self.max_score
-        if self.all_or_nothing or self.status == NOT_ATTEMPTED or not self.cases:
+        counted = [case for case in self.cases if case.credit]  # degenerate cases earn nothing on their own
+        if self.all_or_nothing or self.status == NOT_ATTEMPTED or not counted:
             return 0
-        fraction = sum(case.passed for case in self.cases) / len(self.cases)
+        fraction = sum(case.passed for case in counted) / len(counted)
         score = round(self.max_score * fraction, 2)
         return int(score) if score == int(score) else score
 
@@ -77,20 +79,21 @@ def _error_message(outcome: dict[str, Any]) -> str:
 
 def judge_case(part: Part, case: Case, outcome: Any) -> CaseVerdict:
     """The verdict on one outcome; never raises, whatever the outcome holds."""
+    credit = getattr(case, "credit", True) is not False
     if not isinstance(outcome, dict) or outcome.get("status") not in ("ok", "error", "not_implemented"):
-        return CaseVerdict(case.name, "no result came back for this case")
+        return CaseVerdict(case.name, "no result came back for this case", credit)
     if outcome["status"] == "not_implemented":
-        return CaseVerdict(case.name, "your function raises NotImplementedError (not written yet)")
+        return CaseVerdict(case.name, "your function raises NotImplementedError (not written yet)", credit)
     if outcome["status"] == "error":
-        return CaseVerdict(case.name, _error_message(outcome))
+        return CaseVerdict(case.name, _error_message(outcome), credit)
     value = outcome.get("value")
     if not is_wire(value):
-        return CaseVerdict(case.name, "your output could not be read")
+        return CaseVerdict(case.name, "your output could not be read", credit)
     try:
         message = part.verify(case, value)
     except Exception as exc:  # a verify that trips on an odd output must not crash the checking
         message = f"your output could not be checked ({type(exc).__name__}: {exc})"
-    return CaseVerdict(case.name, message)
+    return CaseVerdict(case.name, message, credit)
 
 
 def judge_part(part: Part, cases: Sequence[Case], outcomes: Sequence[Any]) -> PartVerdict:

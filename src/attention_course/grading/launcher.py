@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from attention_course.grading import memory_cgroup
 from attention_course.grading.channel import FrameReader, parse_header
 from attention_course.grading.isolation import (
     SANDBOX_UID_BASE,
@@ -134,6 +135,9 @@ class Sandbox:
         self.log = self.dir / OUTPUT_LOG
         self._uid = _uids.take() if isolated and os.geteuid() == 0 else None
         self._killed = False
+        self.peak_memory: int | None = None  # bytes, from the memory cgroup, once killed
+        self.shared_memory_limited: bool | None = None  # kernel.shm* set in its IPC namespace (as root)
+        self._limits = limits
         read_end, write_end = os.pipe()
         settings = {
             # Every file, the output log included, stops one byte past the output limit (RLIMIT_FSIZE).
@@ -145,17 +149,30 @@ class Sandbox:
         argv = [sys.executable, "-I", "-B", "-c", bootstrap_source(str(package_root()), write_end,
                                                                    settings)]
         log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        # One memory limit for the whole sandbox, children and shared memory included (memory_cgroup).
+        self.cgroup = memory_cgroup.create(limits.cgroup_limit) if isolated else None
+        cgroup = self.cgroup
+
+        def before_exec() -> None:  # in the child: everything the sandbox starts is inside the cgroup
+            _set_pdeathsig()
+            if cgroup is not None:
+                cgroup.enter()
+
         try:
             if isolated:
                 command = sandbox_command(argv, uid=self._uid, limits=limits)
+                if cgroup is None and memory_cgroup.cgroup_support()[0] == "systemd":
+                    command = memory_cgroup.systemd_prefix(limits.cgroup_limit) + command
                 env = worker_environment()
             else:
                 command, env = argv, worker_environment()
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
                                           pass_fds=(write_end,), start_new_session=True,
-                                          cwd=self.dir if not isolated else "/", preexec_fn=_set_pdeathsig)
+                                          cwd=self.dir if not isolated else "/", preexec_fn=before_exec)
         except BaseException:
             os.close(read_end)
+            if self.cgroup is not None:
+                self.cgroup.remove()
             self._cleanup_files()
             raise
         finally:
@@ -170,7 +187,12 @@ class Sandbox:
         """Whether the worker said ``ready`` (imports done, no learner code run yet) within ``timeout``."""
         self.channel.wait(1, timeout)
         frames = self.channel.take(0)
-        return bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
+        ready = bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
+        if ready and self.isolated and self.shared_memory_limited is None:
+            inside = _children(self.pid)  # the sandbox's first process: its IPC namespace is the sandbox's
+            self.shared_memory_limited = bool(inside) and memory_cgroup.limit_shared_memory(
+                inside[0], self._limits.cgroup_limit)
+        return ready
 
     def send_job(self, job_bytes: bytes, max_frames: int) -> None:
         """Give the worker its job (once). Writes from a thread: a worker that stopped reading cannot block
@@ -238,6 +260,9 @@ class Sandbox:
                 except OSError:
                     pass
         finally:
+            if self.cgroup is not None:
+                self.peak_memory = self.cgroup.peak()
+                self.cgroup.remove()  # kills whatever is left in it, wherever it hid
             if self._uid is not None:
                 _uids.give_back(self._uid)
             self._cleanup_files()

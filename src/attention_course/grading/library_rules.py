@@ -14,12 +14,16 @@ replaces the entry here.
 
 Enforcement has two layers:
 
-- :func:`library_problem` (in the grader, on the cell's source): any use of a name the part does not allow
-  (``ac.X``, ``from attention_course... import X``, the module itself passed around, ``getattr(ac, ...)``,
-  or a string naming the package) fails the part with a message naming the use;
-- :func:`hide_library` (in the worker, before the learner's cells run): names no part of the exercise
-  allows are replaced on the ``attention_course`` package by an object that raises ``PermissionError``
-  when used, which catches indirect lookups the source check cannot see.
+- :func:`library_problem` (in the grader, on the cell's source, IPython syntax and the bodies of cell
+  magics such as ``%%time`` included): any use of a name the part does not allow (``ac.X``,
+  ``from attention_course... import X``, the module itself passed around, ``getattr(ac, ...)``, or a string
+  or bytes constant naming the package) fails the part with a message naming the use: the early, readable
+  message;
+- ``attention_course.grading.import_guard.guard_library`` (in the worker, before the learner's cells
+  run): the rule at run time, whatever string or route reaches the library (``__import__`` of a built
+  name, ``importlib``, a ``sys.modules`` scan, the garbage collector, ``pickle``, frames, the package's
+  files, another interpreter), each part checked with only its own allowances.
+  (:func:`hide_library`, the earlier, name-only stand-ins, is kept for callers of the old form.)
 
 It cannot catch a learner who copies the library's (public) source into a cell; that is plagiarism, not
 an attack on the grader.
@@ -32,7 +36,10 @@ import importlib
 import types
 from typing import Any
 
-__all__ = ["ALLOWED", "allowed_names", "broken_parts", "exercise_allowed", "hide_library", "library_aliases",
+from attention_course.grading import learner_text
+
+__all__ = ["ALLOWED", "MAGIC_BODY_LIMIT", "allowed_names", "part_table", "broken_parts", "exercise_allowed",
+           "hide_library", "library_aliases",
            "library_problem", "rule_text"]
 
 _MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
@@ -55,6 +62,11 @@ def _table(exercise_id: str) -> dict[str, frozenset[str]]:
     if isinstance(declared, dict):
         return {str(part): frozenset(map(str, names)) for part, names in declared.items()}
     return dict(ALLOWED.get(exercise_id, {}))
+
+
+def part_table(exercise_id: str) -> dict[str, frozenset[str]]:
+    """Part -> the course-library names it may use, for every part that may use some."""
+    return _table(exercise_id)
 
 
 def allowed_names(exercise_id: str, part: str) -> frozenset[str]:
@@ -84,15 +96,7 @@ def _submodules() -> set[str]:
 
 
 def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError):
-        try:
-            from IPython.core.inputtransformer2 import TransformerManager
-
-            return ast.parse(TransformerManager().transform_cell(source))
-        except Exception:
-            return None
+    return learner_text.parse(source)  # IPython syntax read in one bounded pass
 
 
 def library_aliases(sources: list[str]) -> set[str]:
@@ -112,8 +116,28 @@ def library_aliases(sources: list[str]) -> set[str]:
     return aliases
 
 
-def library_problem(source: str, exercise_id: str, part: str, aliases: set[str] | None = None) -> str | None:
+def _constant_text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+#: Characters of one cell magic's body (``%%time``) the rule reads; a longer body breaks the rule.
+MAGIC_BODY_LIMIT = 100_000
+
+
+def _is_magic_call(node: ast.AST) -> bool:
+    """``get_ipython().run_cell_magic(name, line, body)`` or ``.run_line_magic(name, line)`` with a
+    constant body: what IPython's transformer makes of ``%%time`` or ``%timeit`` (the body runs as code)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("run_cell_magic", "run_line_magic") and len(node.args) >= 2
+            and isinstance(node.args[-1], ast.Constant) and isinstance(node.args[-1].value, str))
+
+
+def library_problem(source: str, exercise_id: str, part: str, aliases: set[str] | None = None,
+                    _depth: int = 0) -> str | None:
     """Why the graded cell ``source`` of ``part`` breaks the library rule, or ``None`` if it does not.
+
+    The bodies of cell and line magics (``%%time``, ``%timeit``) are read as code too, and bytes constants
+    count as strings.
 
     Args:
         aliases: names bound to the library elsewhere (:func:`library_aliases` of the preamble and cells).
@@ -157,8 +181,17 @@ def library_problem(source: str, exercise_id: str, part: str, aliases: set[str] 
                 problem = check_path([*path, alias.name], f"{node.module}.{alias.name}")
                 if problem:
                     return problem
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _PACKAGE in node.value:
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) \
+                and _PACKAGE in _constant_text(node.value):
             return bad(f"the string {node.value[:60]!r} (naming the course library)")
+        elif _is_magic_call(node):
+            body = node.args[-1].value  # type: ignore[attr-defined]
+            if len(body) > MAGIC_BODY_LIMIT:
+                return f"it holds a cell magic whose body is {len(body):,} characters (over {MAGIC_BODY_LIMIT:,})"
+            problem = library_problem(body, exercise_id, part, aliases, _depth + 1) if _depth < 3 else \
+                "it nests cell magics more than 3 deep"
+            if problem:
+                return problem
     attribute_roots: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):

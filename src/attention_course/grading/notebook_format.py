@@ -92,9 +92,10 @@ def notebook_exercise(nb: Any) -> str | None:
 
 def defined_names(source: str) -> set[str]:
     """Names of the functions and classes a cell defines at top level (empty if it does not parse)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    from attention_course.grading.learner_text import parse
+
+    tree = parse(source) if isinstance(source, str) else None
+    if tree is None:
         return set()
     return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 

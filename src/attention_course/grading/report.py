@@ -10,7 +10,7 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from attention_course.grading.grader import NotebookResult
 
@@ -102,16 +102,32 @@ class Roster:
     rows: list[dict[str, str]]
 
     def lookup(self, path: str) -> tuple[str, str]:
-        """``(learner_id, name)`` of the notebook at ``path``; ``("", "")`` when no row matches."""
-        lowered = str(path).lower().replace("\\", "/")
-        file_name = Path(path).name.lower()
+        """``(learner_id, name)`` of the notebook at ``path``; ``("", "")`` when no row matches.
+
+        Matches whole path components, never substrings: a row's ``email`` is a folder of the path (the
+        outermost one wins: a learner controls only what is inside their own folder, so a subfolder or a
+        file named after a classmate inside it changes nothing) or the file's name without ``.ipynb``; a
+        row's ``file`` is the path's last components."""
+        components = [part.lower() for part in PurePosixPath(str(path).replace("\\", "/")).parts if part != "/"]
+        if not components:
+            return "", ""
+        leaf = components[-1]
+        stem = leaf[: -len(".ipynb")] if leaf.endswith(".ipynb") else leaf
+        by_email = {row.get("email", "").strip().lower(): row for row in self.rows if row.get("email", "").strip()}
+        for folder in components[:-1]:
+            if folder in by_email:
+                return self._who(by_email[folder])
+        if stem in by_email:
+            return self._who(by_email[stem])
         for row in self.rows:
-            file = row.get("file", "").strip().lower()
-            email = row.get("email", "").strip().lower()
-            if (file and (file == file_name or lowered.endswith("/" + file) or lowered == file)) or \
-                    (email and email in lowered):
-                return row.get("learner_id", "").strip(), row.get("name", "").strip()
+            file = [part for part in row.get("file", "").strip().lower().replace("\\", "/").split("/") if part]
+            if file and components[-len(file):] == file:
+                return self._who(row)
         return "", ""
+
+    @staticmethod
+    def _who(row: dict[str, str]) -> tuple[str, str]:
+        return row.get("learner_id", "").strip(), row.get("name", "").strip()
 
 
 def load_roster(path: str | Path) -> Roster:

@@ -4,8 +4,11 @@
 no network, no view of the submissions, the solutions or the grades, its own PID namespace, rlimits it
 cannot raise), sends it the job and watches it:
 
-- every step (a cell, a part) has ``timeout`` seconds; the notebook as a whole has a budget
-  (:func:`notebook_budget`), retries included; a worker past either is killed;
+- every step (a cell, a part) has ``timeout`` seconds; the notebook's code as a whole has a fixed budget
+  (:func:`notebook_budget`, not proportional to its cells), retries included; a worker past either is
+  killed;
+- one part's results are size-checked before they are decoded (:func:`results_problem`: every record of
+  the zip stored, not compressed, and within the bytes that came), then checked to be plain data;
 - the worker's channel is a pipe the grader owns: it accepts only the next expected step, once, in
   small frames (:mod:`attention_course.grading.channel`); a violation (a flood, a re-announced step, a
   deeply nested message) ends the attempt and fails the step it was in, for this learner only;
@@ -27,6 +30,7 @@ import io
 import pickle
 import signal
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +40,13 @@ import torch
 from attention_course.grading.channel import parse_header
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text
 from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool
+from attention_course.grading.learner_text import LearnerTextError, to_python
 from attention_course.grading.spec import Case
+from attention_course.grading.wire import is_wire
 from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
 
-__all__ = ["DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
+__all__ = ["BUDGET_STEPS", "DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
+           "RECORD_LIMIT", "results_problem",
            "public_case", "run_parts"]
 
 DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
@@ -51,10 +58,29 @@ _PRIVATE_KEYS = frozenset({"reference", "expected", "answer", "solution"})
 _MESSAGE_LIMIT = 500
 
 
-def notebook_budget(timeout: float, cells: int, parts: int) -> float:
-    """Seconds of learner code one notebook may run in all (every attempt): a step's ``timeout`` for each
-    cell and part, twice over (a retry re-runs the cells), plus two steps' worth for start-up."""
-    return timeout * (2 * (cells + parts) + 2)
+#: A notebook's time budget, in steps' time limits: fixed, whatever the number of cells the learner brings.
+BUDGET_STEPS = 12
+
+
+def notebook_budget(timeout: float, cells: int = 0, parts: int = 0) -> float:
+    """Seconds of learner code one notebook may run in all (every attempt): :data:`BUDGET_STEPS` times a
+    step's ``timeout``. ``cells`` and ``parts`` are ignored (kept for callers of the old form): a budget
+    that grew with the cells would let a notebook of many slow cells take the grader's time."""
+    return timeout * BUDGET_STEPS
+
+
+def _readable_cells(cells: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """The cells as they travel to the worker: a cell longer than the grader reads
+    (``learner_text.CELL_LIMIT``) is replaced by one that raises, so that its
+    part fails with the reason and no process spends time on it."""
+    readable = []
+    for index, part, source in cells:
+        try:
+            to_python(source)
+        except LearnerTextError as exc:
+            source = f"raise ValueError({str(exc)!r})\n"
+        readable.append((index, part, source))
+    return readable
 
 
 def public_case(case: Any) -> Any:
@@ -80,6 +106,8 @@ class SandboxResult:
         isolated: whether the learner's code ran under bubblewrap.
         worker_cpu_seconds: CPU time the workers that finished reported (start-up included; the worker's
             own word, so for benchmarks only).
+        peak_memory: the most memory one attempt's sandbox used at once, all its processes and shared
+            memory included (from its memory cgroup; ``None`` without one).
     """
 
     outcomes: dict[str, list[Any]] = field(default_factory=dict)
@@ -88,16 +116,51 @@ class SandboxResult:
     processes: int = 0
     isolated: bool = True
     worker_cpu_seconds: float = 0.0
+    peak_memory: int | None = None
+
+
+#: Records in one part's results (a tensor is one record; a part returns a few hundred at most).
+RECORD_LIMIT = 10_000
+
+
+def results_problem(data: bytes) -> str | None:
+    """Why one part's result bytes may not be decoded, checked before anything is inflated or unpickled:
+    ``torch.save`` writes a zip of *stored* (uncompressed) records, so every record must be stored, say
+    the same size compressed and uncompressed, and all of them fit in the bytes that came (a learner who
+    replaces ``torch.save`` could otherwise send a small zip that inflates to gigabytes in the grader)."""
+    if len(data) > BLOB_LIMIT:
+        return f"its results are {len(data):,} bytes, over the limit of {BLOB_LIMIT:,}"
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError):
+        return "its results are not in the grader's format"
+    if len(records) > RECORD_LIMIT:
+        return f"its results hold {len(records):,} records, over the limit of {RECORD_LIMIT:,}"
+    total = 0
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED or record.file_size != record.compress_size:
+            return "its results hold a compressed record (the grader's format stores them uncompressed)"
+        total += record.file_size
+    if total > len(data):
+        return "its results declare more bytes than they hold"
+    return None
 
 
 def _load_outcome_bytes(data: bytes, expected: int) -> list[Any] | str:
-    """One part's outcomes, read with the weights-only unpickler (no code can run)."""
+    """One part's outcomes: sizes checked first (:func:`results_problem`), then read with the weights-only
+    unpickler (no code can run), then checked to be plain wire data of bounded size."""
+    problem = results_problem(data)
+    if problem:
+        return problem
     try:
         outcomes = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:
         return f"its results could not be read ({type(exc).__name__})"
     if not isinstance(outcomes, list) or len(outcomes) != expected:
         return "its results were incomplete"
+    if not all(is_wire(outcome, -1) for outcome in outcomes):  # -1: the outcome dict around the value
+        return "its results hold something that is not plain data of the allowed size"
     return outcomes
 
 
@@ -189,6 +252,7 @@ class _Attempt:
     reason: str | None  # None: ran to the end
     output_tail: str
     cpu: float = 0.0
+    peak_memory: int | None = None
 
 
 def _exit_words(code: int | None) -> str:
@@ -203,7 +267,10 @@ def _exit_words(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline: float) -> _Attempt:
+def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_left: list[float]) -> _Attempt:
+    """Run one worker on ``job``. ``budget_left[0]``: seconds of learner code the notebook has left; the
+    clock runs from the worker's first cell or part (start-up and the trusted preamble are not the
+    learner's), and what this attempt used is taken off."""
     protocol = _Protocol(job)
     for tries_left in (1, 0):  # a sandbox that did not start (no learner code has run in it) is replaced once
         try:
@@ -217,11 +284,13 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline
         if not tries_left:
             return _Attempt([], {}, "did not start" + (f" (last output: {tail})" if tail else ""), tail)
     reason: str | None = None
+    learner_started: float | None = None  # when the first cell or part began
     try:
         sandbox.send_job(pickle.dumps(job), protocol.max_frames)
         steps = 2 + len(job.cells) + len(job.parts)
-        attempt_deadline = min(time.monotonic() + STARTUP_TIMEOUT + timeout * steps, deadline)
+        attempt_deadline = time.monotonic() + STARTUP_TIMEOUT + timeout * steps
         seen, step_started = 1, time.monotonic()  # frame 0 was "ready"
+        deadline = float("inf")
         while reason is None:
             code = sandbox.poll()
             frames = sandbox.channel.take(seen)
@@ -232,6 +301,9 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline
                     reason = f"broke the grader's protocol: it {violation}"
                     break
                 step_started = time.monotonic()
+                if learner_started is None and protocol.events[-1:] and protocol.events[-1]["step"] in ("cell", "part"):
+                    learner_started = step_started
+                    deadline = learner_started + budget_left[0]
             if reason:
                 break
             if sandbox.channel.violation:
@@ -259,6 +331,8 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline
         tail = ""
     finally:
         sandbox.kill()  # the worker, its PID namespace, everything it started, its private folder
+        if learner_started is not None:
+            budget_left[0] -= time.monotonic() - learner_started
     finished = any(event["step"] == "done" for event in protocol.events)
     if reason is None and sandbox.output_size() > output_limit:
         reason = f"printed more than {output_limit:,} bytes of output (the limit)"
@@ -268,7 +342,7 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, deadline
             reason = f"printed more than {output_limit:,} bytes of output (the limit)"
         else:
             reason = f"ended the checking process, which {_exit_words(code)} (os._exit, a signal or a crash?)"
-    return _Attempt(protocol.events, protocol.blobs, reason, tail, protocol.cpu)
+    return _Attempt(protocol.events, protocol.blobs, reason, tail, protocol.cpu, sandbox.peak_memory)
 
 
 def run_parts(
@@ -317,8 +391,9 @@ def run_parts(
             isolated = False
     limits = limits or Limits()
     workers = pool(isolated, limits, output_limit, warm)
-    budget = notebook_budget(timeout, len(cells), len(part_cases)) if budget is None else budget
-    deadline = time.monotonic() + STARTUP_TIMEOUT + budget
+    budget = notebook_budget(timeout) if budget is None else budget
+    cells = _readable_cells(cells)
+    budget_left = [budget]
     result = SandboxResult(isolated=isolated)
     remaining = [(part, [public_case(case) for case in cases]) for part, cases in part_cases]
     skipped: set[int] = set()
@@ -329,9 +404,11 @@ def run_parts(
             break
         job = Job(exercise_id, preamble, [cell for cell in cells if cell[0] not in skipped], remaining,
                   output_limit=output_limit, allowed=allowed)
-        attempt = _attempt(job, timeout, output_limit, workers, deadline)
+        attempt = _attempt(job, timeout, output_limit, workers, budget_left)
         result.processes += 1
         result.worker_cpu_seconds += attempt.cpu
+        if attempt.peak_memory is not None:
+            result.peak_memory = max(result.peak_memory or 0, attempt.peak_memory)
         finished: set[str] = set()
         for event in attempt.events:
             part = event.get("part")
@@ -356,7 +433,7 @@ def run_parts(
             for part, _ in remaining:  # a worker that says "done" but skipped parts: never silently pass
                 result.failures.setdefault(part, "no result came back")
             break
-        if time.monotonic() > deadline:
+        if budget_left[0] <= 0:
             for part, _ in remaining:
                 result.failures.setdefault(part, f"not checked: the notebook {attempt.reason}")
             remaining = []

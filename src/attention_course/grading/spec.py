@@ -46,12 +46,16 @@ class Case:
         kwargs: keyword arguments for the learner's function.
         data: anything else ``run`` or ``verify`` need (sizes, a state dict to load, a seed). Inputs only:
             this travels to the learner's process too.
+        credit: whether the case counts for proportional credit. ``False`` for a degenerate case that the
+            part's known mistakes pass too (no mask, a power-of-two head count, equal lengths, temperature
+            0): it must still pass for full marks, but an answer right only on such cases earns nothing.
     """
 
     name: str
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
+    credit: bool = True
 
     def fresh_args(self) -> tuple[tuple, dict[str, Any]]:
         """Deep copies of ``args`` and ``kwargs``, so that a function that edits its inputs in place cannot

@@ -12,7 +12,7 @@ The outcome of one call is a small dict (:func:`ok`, :func:`error`, :data:`NOT_I
 
 from __future__ import annotations
 
-import traceback
+import sys
 from typing import Any
 
 import torch
@@ -101,16 +101,39 @@ def to_wire(obj: Any, _depth: int = 0) -> Any:
     return {_UNSUPPORTED: _type_name(obj)}
 
 
-def is_wire(value: Any, _depth: int = 0) -> bool:
-    """Whether ``value`` contains only wire types (checked by the grader on everything it loads)."""
-    if _depth > _MAX_DEPTH + 1:
+#: Nodes (values, items) one :func:`is_wire` check visits at most: results share no structure that
+#: could make the walk exponential (a list holding the same list a thousand times, nine levels deep).
+_MAX_NODES = 200_000
+
+
+def _plain_tensor(value: torch.Tensor) -> bool:
+    """A dense, contiguous tensor that owns exactly its elements (what :func:`to_wire` sends): no
+    zero-stride view that claims a trillion elements over one number, no offset into a bigger storage."""
+    try:
+        return (value.layout == torch.strided and not value.is_quantized and value.numel() <= MAX_ELEMENTS
+                and value.is_contiguous() and value.storage_offset() == 0
+                and value.untyped_storage().nbytes() == value.numel() * value.element_size())
+    except Exception:
         return False
-    if value is None or type(value) in (bool, int, float, str) or type(value) is torch.Tensor:
+
+
+def is_wire(value: Any, _depth: int = 0, _budget: list[int] | None = None) -> bool:
+    """Whether ``value`` contains only wire types (checked by the grader on everything it loads): plain
+    tensors (dense, contiguous, owning exactly their elements), numbers, strings, ``None``, lists, tuples
+    and dicts of at most 1,000 items, nested at most 9 deep, 200,000 values in all."""
+    budget = [_MAX_NODES] if _budget is None else _budget
+    budget[0] -= 1
+    if budget[0] < 0 or _depth > _MAX_DEPTH + 1:
+        return False
+    if value is None or type(value) in (bool, int, float) or type(value) is str and len(value) <= _MAX_STRING * 2:
         return True
+    if type(value) is torch.Tensor:
+        return _plain_tensor(value)
     if type(value) in (list, tuple):
-        return all(is_wire(item, _depth + 1) for item in value)
+        return len(value) <= _MAX_ITEMS + 1 and all(is_wire(item, _depth + 1, budget) for item in value)
     if type(value) is dict:
-        return all(type(key) is str and is_wire(item, _depth + 1) for key, item in value.items())
+        return len(value) <= _MAX_ITEMS + 1 and all(type(key) is str and is_wire(item, _depth + 1, budget)
+                                                    for key, item in value.items())
     return False
 
 
@@ -120,32 +143,67 @@ def _is_learner_file(filename: str) -> bool:
     return "ipykernel_" in filename or filename.startswith(("<ipython-input", "<cell"))
 
 
-def where(exc: BaseException) -> str:
+def where(exc: BaseException, trusted: Any = None) -> str:
     """'line N of your <part> cell' (the grader's worker names cells ``<cell INDEX PART>``) or 'line N of
-    your cell' for the innermost traceback frame in the learner's code, else ''."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if _is_learner_file(frame.filename):
-            words = frame.filename.strip("<>").split()
+    your cell' for the innermost traceback frame in the learner's code, else ''.
+
+    ``trusted`` (the worker's, see ``attention_course.grading.import_guard``) runs the frame walk where
+    learner code may not look at frames; the walk reads only the traceback's own fields, so no learner code
+    runs inside it."""
+    tb = sys.exc_info()[2] if sys.exc_info()[1] is exc else None
+    if tb is None:
+        try:
+            tb = BaseException.__dict__["__traceback__"].__get__(exc)
+        except Exception:
+            return ""
+
+    def walk() -> list[tuple[str, int]]:
+        found = []
+        node = tb
+        while node is not None and len(found) < 1000:
+            found.append((node.tb_frame.f_code.co_filename, node.tb_lineno))
+            node = node.tb_next
+        return found
+
+    try:
+        frames = trusted(walk) if trusted is not None else walk()
+    except Exception:
+        return ""
+    for filename, lineno in reversed(frames):
+        if not isinstance(filename, str) or not isinstance(lineno, int):
+            continue
+        if _is_learner_file(filename):
+            words = filename.strip("<>").split()
             part = words[2] if len(words) == 3 and words[0] == "cell" and words[2].isidentifier() else None
-            return f"line {frame.lineno} of your {part} cell" if part else f"line {frame.lineno} of your cell"
+            return f"line {lineno} of your {part} cell" if part else f"line {lineno} of your cell"
     return ""
 
 
-def outcome_of_call(thunk: Any) -> dict[str, Any]:
+def _text(value: Any, name: bool = False) -> str:
+    """``str(value)`` (or its type's name), or a placeholder when the learner's class makes that raise."""
+    try:
+        return str(type(value).__name__ if name else value)
+    except BaseException:
+        return "(could not be shown)"
+
+
+def outcome_of_call(thunk: Any, trusted: Any = None) -> dict[str, Any]:
     """Call ``thunk()`` and return its outcome dict; never raises. ``SystemExit`` and ``KeyboardInterrupt``
-    become outcomes too: the learner's code must not end the checking."""
+    become outcomes too: the learner's code must not end the checking. ``trusted``: see :func:`where`."""
     try:
         value = thunk()
     except NotImplementedError:
         return dict(NOT_IMPLEMENTED)
     except SystemExit as exc:
-        return error("SystemExit", f"your code called sys.exit({exc.code!r})", where(exc))
+        code = exc.code
+        return error("SystemExit", f"your code called sys.exit({_text(code if isinstance(code, int) else '...')})",
+                     where(exc, trusted))
     except BaseException as exc:  # anything the learner's code raises is feedback, not a crash
-        return error(type(exc).__name__, str(exc), where(exc))
+        return error(_text(exc, name=True), _text(exc), where(exc, trusted))
     try:
         return ok(to_wire(value))
     except BaseException as exc:
-        return error(type(exc).__name__, f"could not read your output: {exc}")
+        return error(_text(exc, name=True), f"could not read your output: {_text(exc)}")
 
 
 def describe(value: Any) -> str:

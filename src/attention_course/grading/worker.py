@@ -10,7 +10,9 @@ job, so that importing torch overlaps with other work. The worker then:
    and says ``ready`` on its channel (a pipe the grader reads, see :mod:`attention_course.grading.channel`);
 3. reads the job (pickled by the grader) from stdin: the exercise's trusted preamble, the learner's graded
    cells and each part's cases (inputs only: references stay in the grader);
-4. hides the course library's names this exercise does not allow (:mod:`attention_course.grading.library_rules`);
+4. installs the library rule at run time (``attention_course.grading.import_guard``): the course
+   package pruned to what the parts' ``run`` functions need, its names hidden or gated per part,
+   ``sys.modules`` scrubbed, and an audit hook that refuses every other route to it;
 5. runs the preamble and the cells in notebook order in one namespace (errors are recorded, not fatal),
    then calls each part's ``run`` on its cases and sends the wire-form outcomes.
 
@@ -29,6 +31,9 @@ import pickle
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from attention_course.grading.channel import send_frame
+from attention_course.grading.learner_text import to_python
 
 __all__ = ["Job", "STATUS_OUTPUT_LIMIT", "bootstrap_source", "main"]
 
@@ -92,8 +97,6 @@ class _Channel:
             return 0
 
     def __call__(self, step: str, blob: bytes | None = None, **fields: Any) -> None:
-        from attention_course.grading.channel import send_frame
-
         if self.output_limit is not None and self._output_size() > self.output_limit:
             os._exit(STATUS_OUTPUT_LIMIT)
         if blob is not None:
@@ -132,11 +135,7 @@ def _run_cell(source: str, namespace: dict[str, Any], filename: str) -> None:
     try:
         code = compile(source, filename, "exec")
     except SyntaxError:
-        try:
-            from IPython.core.inputtransformer2 import TransformerManager
-        except ImportError:
-            raise
-        transformed = TransformerManager().transform_cell(source)
+        transformed = to_python(source)  # one bounded pass (learner_text); the grader usually did it already
         if transformed == source:
             raise
         code = compile(transformed, filename, "exec")
@@ -222,16 +221,29 @@ def _read_job() -> Job:
 
 def run_job(job: Job, say: _Channel) -> int:
     import functools
+    import resource
+
+    import torch
 
     from attention_course.grading.exercises import get_exercise
-    from attention_course.grading.library_rules import hide_library
+    from attention_course.grading.import_guard import guard_library
+    from attention_course.grading.library_rules import part_table
+    from attention_course.grading.wire import error as wire_error
     from attention_course.grading.wire import outcome_of_call
 
     say.output_limit = job.output_limit
     say("start", pid=os.getpid())
     exercise = get_exercise(job.exercise_id)
+    parts = {name: exercise.part(name) for name, _ in job.parts}
+    runs = {name: (part.run, part.function) for name, part in parts.items()}
+    save = torch.save  # the learner's code may replace torch.save; the worker keeps its own
+    trusted = None
+    guard = None
     if job.allowed is not None:
-        hide_library(job.exercise_id, job.allowed)
+        table = {part: names & job.allowed for part, names in part_table(job.exercise_id).items()}
+        guard = guard_library(job.exercise_id, table, [list(runs.values()), job.parts])
+        trusted = guard.trusted
+    del exercise, parts
     namespace = _namespace()
 
     say("preamble")
@@ -239,30 +251,57 @@ def run_job(job: Job, say: _Channel) -> int:
 
     for index, part_name, source in job.cells:
         say("cell", cell=index, part=part_name)
-        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"))
+        if guard is not None:
+            guard.set_part(part_name)
+        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"),
+                                  trusted)
+        if guard is not None:
+            guard.set_part(None)
         if outcome["status"] == "error":
             say("cell_error", cell=index, part=part_name, type=outcome["type"], message=outcome["message"],
                 where=outcome["where"])
 
-    import torch
-
     for part_name, cases in job.parts:
         say("part", part=part_name)
-        part = exercise.part(part_name)
-        obj = namespace.get(part.function)
+        run, function = runs[part_name]
+        obj = namespace.get(function)
         if obj is None:
             say("missing", part=part_name)
             continue
-        outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
+        if guard is not None:
+            guard.set_part(part_name)
+        outcomes = [outcome_of_call(functools.partial(run, obj, case), trusted) for case in cases]
+        if guard is not None:
+            guard.set_part(None)
+            if not guard.intact():
+                outcomes = [wire_error("PermissionError", "your code brought back a course-library module the "
+                                       "grader had removed (sys.modules)") for _ in cases]
         buffer = io.BytesIO()
-        torch.save(outcomes, buffer)
+        save(outcomes, buffer)
         say("part_done", blob=buffer.getvalue(), part=part_name)
-
-    import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     say("done", cpu=float(usage.ru_utime + usage.ru_stime))  # start-up included; for benchmarks only
     return 0
+
+
+#: Modules that torch imports lazily, on the first forward pass, and
+#: whose import-time code looks at frames (which the guard refuses to learner code): imported up front.
+_LAZY_IMPORTS = ("sympy", "torch.fx.experimental.symbolic_shapes")
+
+
+def _warm_up_lazy_imports() -> None:
+    import importlib
+
+    import torch
+
+    for name in _LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except Exception:  # not installed: nothing to import lazily either
+            pass
+    # torch.manual_seed imports its device modules on first use; seeding with the initial seed changes nothing.
+    torch.manual_seed(torch.initial_seed())
 
 
 def main(channel_fd: int, settings_json: str) -> None:
@@ -275,10 +314,11 @@ def main(channel_fd: int, settings_json: str) -> None:
         import torch
 
         import attention_course  # noqa: F401
-        from attention_course.grading import library_rules, wire  # noqa: F401
+        from attention_course.grading import import_guard, library_rules, wire  # noqa: F401
         from attention_course.grading.exercises import exercise_ids, get_exercise
 
         torch.set_num_threads(1)
+        _warm_up_lazy_imports()
         for exercise_id in exercise_ids():
             try:
                 get_exercise(exercise_id)

@@ -27,7 +27,17 @@ from attention_course.grading.compare import (
     tensor_problem,
     tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    diagnose,
+    permutation,
+    preamble,
+    randn,
+    with_concepts,
+)
 from attention_course.sampling import top_k_filter as reference_top_k
 from attention_course.sampling import top_p_filter as reference_top_p
 
@@ -164,7 +174,9 @@ def _sample_cases(g: torch.Generator) -> list[Case]:
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
     base = torch.tensor([2.0, 1.0, 0.0, -1.0])
     return [
-        Case("temperature 0 is greedy: the argmax of each row", (randn(g, 3, 10),), {"temperature": 0.0}),
+        # Degenerate for a sampler (no draw at all): it must pass, but earns no credit on its own.
+        Case("temperature 0 is greedy: the argmax of each row", (randn(g, 3, 10),), {"temperature": 0.0},
+             credit=False),
         Case(f"temperature 1, {DRAWS} draws from one distribution", (rows(base),), {"temperature": 1.0},
              data={"seed": seed}),
         Case(f"temperature 0.5, {DRAWS} draws", (rows(base),), {"temperature": 0.5}, data={"seed": seed}),
@@ -172,19 +184,25 @@ def _sample_cases(g: torch.Generator) -> list[Case]:
              data={"seed": seed}),
         Case(f"top-p 0.6 on probabilities (0.5, 0.3, 0.15, 0.05), {DRAWS} draws",
              (rows(_probs(0.5, 0.3, 0.15, 0.05)),), {"top_p": 0.6}, data={"seed": seed}),
-        Case(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws", (rows(randn(g, 6, scale=2.0)),),
+        # Logits whose filtered distribution keeps three tokens (a single kept token would need no randomness).
+        Case(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws",
+             (rows(torch.tensor([1.5, 1.0, 0.5, 0.0, -0.5, -3.0])[permutation(g, 6)]),),
              {"temperature": 0.8, "top_k": 3, "top_p": 0.9}, data={"seed": seed}),
     ]
 
 
 def _run_sample(obj: Any, case: Case) -> Any:
-    """Draw twice with generators seeded alike: the draws must come from the generator."""
+    """Draw three times: twice with generators seeded alike (the draws must repeat), once with another seed
+    (they must change); and say whether the global random generator was left as it was."""
     kwargs = {"temperature": 1.0, "top_k": None, "top_p": None, **case.kwargs}
     if "seed" not in case.data:
         return obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(0))
+    global_state = torch.random.get_rng_state()
     first = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
     second = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
-    return first, second
+    other = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"] + 1))
+    untouched = bool(torch.equal(torch.random.get_rng_state(), global_state))
+    return first, second, other, untouched
 
 
 def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -194,6 +212,30 @@ def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None,
     if top_p is not None:
         z = reference_top_p(z, top_p)
     return torch.softmax(z, dim=-1)
+
+
+#: Significance of the sampling tests: a correct sampler fails a case with probability at most 2e-6 (two
+#: tests), so a class of a thousand learners sees a false failure about once in 500 gradings.
+SAMPLING_SIGNIFICANCE = 1e-6
+_MIN_EXPECTED = 5.0  # chi-square cells with fewer expected draws are pooled into one
+
+
+def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson's chi-square goodness-of-fit p-value of ``counts`` against ``expected`` counts (same total;
+    cells expected fewer than 5 times pooled into one); 1.0 when fewer than two cells remain."""
+    counts, expected = counts.double().flatten(), expected.double().flatten()
+    small = expected < _MIN_EXPECTED
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum().reshape(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
+        keep = expected > 0
+        counts, expected = counts[keep], expected[keep]
+    if expected.numel() < 2:
+        return 1.0
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    freedom = expected.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(freedom / 2, dtype=torch.float64),
+                                         torch.tensor(statistic / 2, dtype=torch.float64)))
 
 
 def _verify_sample(case: Case, output: Any) -> str | None:
@@ -207,29 +249,37 @@ def _verify_sample(case: Case, output: Any) -> str | None:
         )
 
     def tokens_problem() -> str | None:
-        problem = tuple_problem(output, "first draw", "second draw")
-        if problem:
-            return problem
-        for draw in output:
+        if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
+            return "expected your function to return the tokens"
+        for draw in output[:3]:
             problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
             if problem:
                 return problem
         if not torch.equal(output[0], output[1]):
             return "two calls with generators seeded alike gave different tokens: draw with the generator argument"
+        if torch.equal(output[0], output[2]):
+            return ("two calls with generators seeded differently gave the same tokens: your draws must come from "
+                    "the generator argument (e.g. torch.multinomial(probs, 1, generator=generator)), not from a "
+                    "fixed rule or a seed of your own")
+        if not output[3]:
+            return ("your function changed PyTorch's global random generator (torch.manual_seed, or a draw without "
+                    "generator=...): draw with the generator argument only")
         return None
 
     def distribution() -> str | None:
         tokens = output[0].long()
+        vocabulary = logits.size(-1)
         expected = _expected_probs(logits[0], **kwargs)
-        if (tokens < 0).any() or (tokens >= logits.size(-1)).any():
-            return f"token ids must lie in 0 .. {logits.size(-1) - 1}"
+        if (tokens < 0).any() or (tokens >= vocabulary).any():
+            return f"token ids must lie in 0 .. {vocabulary - 1}"
         impossible = tokens[expected[tokens] == 0]
         if impossible.numel():
             return (f"you drew token {int(impossible[0])}, which the filters remove (probability 0): sample from "
                     "the filtered distribution, do not filter after drawing")
-        frequencies = torch.bincount(tokens, minlength=logits.size(-1)).double() / DRAWS
-        worst = int((frequencies - expected).abs().argmax())
-        if abs(frequencies[worst] - expected[worst]) > 0.04:
+        counts = torch.bincount(tokens, minlength=vocabulary)
+        frequencies = counts.double() / DRAWS
+        if chi_square_p_value(counts, expected * DRAWS) < SAMPLING_SIGNIFICANCE:
+            worst = int((frequencies - expected).abs().argmax())
             hint = ""
             untempered = _expected_probs(logits[0], 1.0, kwargs["top_k"], kwargs["top_p"])
             if kwargs["temperature"] != 1 and (frequencies - untempered).abs().max() < 0.04:
@@ -237,6 +287,14 @@ def _verify_sample(case: Case, output: Any) -> str | None:
                         "which renormalising undoes)")
             return (f"token {worst} was drawn {frequencies[worst]:.3f} of the time; its probability is "
                     f"{expected[worst]:.3f}{hint}")
+        # Independent draws: each pair of consecutive rows' tokens must follow the product distribution
+        # (a sampler that walks through the quantiles in order gives the right counts and sorted tokens).
+        pairs = tokens[: DRAWS // 2 * 2].reshape(-1, 2)
+        joint = torch.bincount(pairs[:, 0] * vocabulary + pairs[:, 1], minlength=vocabulary**2)
+        if chi_square_p_value(joint, torch.outer(expected, expected).flatten() * pairs.size(0)) \
+                < SAMPLING_SIGNIFICANCE:
+            return ("your draws are not independent from row to row (consecutive rows' tokens follow a pattern): "
+                    "draw each row at random, e.g. with torch.multinomial")
         return None
 
     return first_problem(tokens_problem, distribution)

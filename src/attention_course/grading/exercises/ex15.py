@@ -39,7 +39,11 @@ def _gqa_cases(g: torch.Generator) -> list[Case]:
              mask: torch.Tensor | None = None) -> Case:
         args = (randn(g, batch, q_heads, q_len, d), randn(g, batch, kv_heads, k_len, d),
                 randn(g, batch, kv_heads, k_len, d))
-        return Case(name, args, {} if mask is None else {"mask": mask})
+        # Only a masked case with groups of several heads over several KV heads tells the known mistakes
+        # (the mask ignored; heads repeated in the wrong order) from the answer: the others must pass for
+        # full marks but earn no credit on their own.
+        credit = mask is not None and 1 < kv_heads < q_heads
+        return Case(name, args, {} if mask is None else {"mask": mask}, credit=credit)
 
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     padding = torch.ones(2, 1, 1, 7, dtype=torch.bool)
@@ -49,6 +53,7 @@ def _gqa_cases(g: torch.Generator) -> list[Case]:
         case("8 query heads, 2 KV heads (groups of 4), 3 queries, 6 keys", 1, 8, 2, 3, 6, 4),
         case("6 query heads, 3 KV heads, causal mask (6, 6)", 2, 6, 3, 6, 6, 8, causal),
         case("4 query heads, 2 KV heads, padding mask (2, 1, 1, 7)", 2, 4, 2, 4, 7, 4, padding),
+        case("8 query heads, 4 KV heads, causal mask (5, 5)", 1, 8, 4, 5, 5, 8, causal[:5, :5]),
         case("multi-query: 4 query heads, 1 KV head", 2, 4, 1, 5, 5, 8),
         case("multi-head: 3 query heads, 3 KV heads", 1, 3, 3, 4, 4, 8),
     ]

@@ -1,0 +1,321 @@
+"""The library rule at run time, inside the worker: what learner code cannot reach, whatever route it takes.
+
+The source check (:func:`attention_course.grading.library_rules.library_problem`) gives the early, readable
+message; this module is what makes the rule hold when a cell builds the name at run time
+(``__import__("attention" + "_course.rotary")``, ``importlib.import_module(b"...".decode())``, a
+``sys.modules`` scan, ``gc.get_objects()``, ``pickle.loads(b"c...\\n...\\n.")``). Before the first learner
+cell runs, :func:`guard_library`:
+
+1. **prunes** the course package in this process: every module dict of ``attention_course.*`` keeps only
+   the names that the code the worker still has to run needs (each part's ``run``, the classes of the
+   cases' inputs, the library names some part allows), found by following the names their code reads;
+   everything else (references, other exercises, the library modules no part may use) is deleted, so
+   nothing in this process can call it any more, even when reached by introspection;
+2. **hides** the package's public names: a name no part allows becomes a stand-in that raises
+   ``PermissionError``; a function some parts allow is wrapped in a gate that asks which part is running
+   now, so each part is checked with only its own allowances (ex10: a part that may not use
+   ``ac.causal_mask`` cannot reach it through a helper defined in a cell of a part that may);
+3. **scrubs** ``sys.modules`` of every ``attention_course.*`` module (the package itself stays, hidden);
+4. adds an **audit hook** (:pep:`578`; Python gives no way to remove one) that, for learner code, refuses:
+   importing ``attention_course.*``; opening any file of the package (its source cannot be re-executed)
+   or ``/proc/*/mem``; ``pickle``'s ``find_class`` of a course module; ``gc.get_objects``,
+   ``get_referrers`` and ``get_referents``; every way to a frame (``sys._getframe``, ``tb_frame``,
+   ``gi_frame``, ``cr_frame``, ``ag_frame``, ``sys._current_frames``, ``sys.settrace``, ``sys.setprofile``)
+   so that the worker's locals (the part being run, the exercise) stay out of reach; ``ctypes``; starting
+   another program (``os.system``, ``subprocess``, ``os.exec*``, ``posix_spawn``: a fresh interpreter would
+   have no guard); and a second audit hook. The worker's own frame walk (where an error happened) runs in
+   ``trusted`` windows of the main thread, which run no learner code; threads the learner starts are never
+   trusted.
+
+What it cannot stop: a learner who copies the library's public source into a cell (plagiarism, not an
+attack on the grader).
+"""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import os
+import sys
+import types
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["Guard", "guard_library"]
+
+_PACKAGE = "attention_course"
+#: Modules of the grading package the worker itself runs after the guard is installed (never pruned).
+_INFRASTRUCTURE = frozenset({f"{_PACKAGE}.grading.{name}" for name in
+                             ("worker", "wire", "spec", "channel", "import_guard", "library_rules", "learner_text")})
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_REFUSED_EVENTS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                             "sys.settrace", "sys.setprofile", "sys._getframe"})
+#: Starting another program: a fresh interpreter would have no guard (and could import anything).
+_EXEC_EVENTS = frozenset({"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile"})
+#: Modules that start programs without an audit event of their own.
+_EXEC_MODULES = frozenset({"_posixsubprocess"})
+T = TypeVar("T")
+
+
+class LibraryRuleError(PermissionError):
+    """What learner code gets when it takes a route the library rule closes."""
+
+
+class FrameAccessRefused(ValueError):
+    """Refused frame access: a ``ValueError``, which the standard library's ``sys._getframe`` callers
+    (``collections.namedtuple``, ``typing``, ``enum``) already expect and handle."""
+
+
+class _HookRefused(RuntimeError):
+    """Refuses ``sys.addaudithook`` (a ``RuntimeError``: Python then silently does not add the hook)."""
+
+
+def _is_course(name: object) -> bool:
+    return isinstance(name, str) and (name == _PACKAGE or name.startswith(_PACKAGE + "."))
+
+
+class Guard:
+    """What the worker keeps of an installed guard (hold it in a local variable only).
+
+    Attributes:
+        set_part: ``set_part(name)``: the part whose allowances apply from now on (``None``: none).
+        trusted: ``trusted(fn)``: ``fn()`` with the hook relaxed for the main thread; only for the worker's
+            own code that runs no learner code (walking a traceback's frames).
+        intact: ``intact()``: whether the package and ``sys.modules`` still look as the guard left them.
+    """
+
+    __slots__ = ("set_part", "trusted", "intact")
+
+    def __init__(self, set_part: Callable[[str | None], None], trusted: Callable[[Callable[[], T]], T],
+                 intact: Callable[[], bool]) -> None:
+        self.set_part = set_part
+        self.trusted = trusted
+        self.intact = intact
+
+
+# --- pruning ------------------------------------------------------------------------------------------
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _needed(roots: Iterable[Any]) -> dict[int, set[str]]:
+    """For each module dict (by id), the global names the code reachable from ``roots`` reads."""
+    keep: dict[int, set[str]] = {}
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (types.MethodType, staticmethod, classmethod)):
+            stack.append(obj.__func__)
+        elif isinstance(obj, property):
+            stack += [obj.fget, obj.fset, obj.fdel]
+        elif isinstance(obj, types.FunctionType):
+            module_globals = obj.__globals__
+            names = _code_names(obj.__code__) & module_globals.keys()
+            keep.setdefault(id(module_globals), set()).update(names)
+            stack += [module_globals[name] for name in names]
+            stack += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+            for cell in obj.__closure__ or ():
+                try:
+                    stack.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    pass
+        elif isinstance(obj, type):
+            for klass in obj.__mro__:
+                if _is_course(getattr(klass, "__module__", None)):
+                    stack += list(vars(klass).values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += list(obj)
+        elif isinstance(obj, dict):
+            stack += list(obj.values())
+        elif hasattr(obj, "func") and hasattr(obj, "args") and callable(obj):  # functools.partial
+            stack += [obj.func, *obj.args, *getattr(obj, "keywords", {}).values()]
+        elif not isinstance(obj, (types.ModuleType, str, bytes, int, float, complex, bool, type(None))):
+            kind = type(obj)
+            if _is_course(kind.__module__):
+                stack.append(kind)
+                stack += list(getattr(obj, "__dict__", {}).values())
+            modules = getattr(obj, "modules", None)
+            if callable(modules) and hasattr(obj, "_modules"):  # an nn.Module: its submodules' classes too
+                try:
+                    stack += [type(module) for module in modules()]
+                except Exception:
+                    pass
+    return keep
+
+
+def _prune(roots: Iterable[Any]) -> None:
+    """Delete from every ``attention_course.*`` module dict (except the worker's own) the names nothing the
+    worker still runs reads."""
+    keep = _needed(roots)
+    for name, module in list(sys.modules.items()):
+        if not _is_course(name) or name == _PACKAGE or name in _INFRASTRUCTURE:
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        kept = keep.get(id(namespace), set())
+        for key in list(namespace):
+            if key not in kept and not (key.startswith("__") and key.endswith("__")):
+                del namespace[key]
+
+
+# --- hiding the package's names -----------------------------------------------------------------------
+class _Hidden:
+    """Stands in for a course-library name: any use raises ``PermissionError``."""
+
+    __slots__ = ("_message",)
+
+    def __init__(self, message: str) -> None:
+        object.__setattr__(self, "_message", message)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise LibraryRuleError(object.__getattribute__(self, "_message"))
+
+    __call__ = _refuse
+
+    def __getattr__(self, name: str) -> Any:
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return "<not available in this exercise>"
+
+
+def _gate(name: str, function: Callable[..., Any], allowed_now: Callable[[str], bool], exercise_id: str) \
+        -> Callable[..., Any]:
+    def gate(*args: Any, **kwargs: Any) -> Any:
+        if not allowed_now(name):
+            raise LibraryRuleError(f"ac.{name} is not available to this part of {exercise_id}: only the parts whose "
+                              "rule allows it may call it, directly or through a helper")
+        return function(*args, **kwargs)
+
+    gate.__name__ = gate.__qualname__ = name
+    gate.__doc__ = getattr(function, "__doc__", None)
+    return gate
+
+
+# --- the guard ----------------------------------------------------------------------------------------
+def guard_library(exercise_id: str, table: Mapping[str, frozenset[str]], roots: Iterable[Any]) -> Guard:
+    """Install the run-time library rule in this process (the worker, before learner code); see the module
+    docstring.
+
+    Args:
+        exercise_id: for messages.
+        table: part -> the course-library names it may use (parts absent may use none).
+        roots: what the worker will still run or hand to learner code: each part's ``run`` and the cases.
+    """
+    import attention_course
+
+    package_dir = os.path.realpath(os.path.dirname(attention_course.__file__))
+    union = frozenset().union(*table.values()) if table else frozenset()
+    state: list[Any] = [None, 0]  # [the part running now, depth of trusted windows of the main thread]
+    main_thread = _thread.get_ident()
+
+    def allowed_now(name: str) -> bool:
+        return name in table.get(state[0], frozenset())
+
+    allowed_objects = [value for name, value in vars(attention_course).items() if name in union]
+    _prune([*roots, *allowed_objects])
+    for name, value in list(vars(attention_course).items()):
+        if name.startswith("_"):
+            continue
+        if name not in union or isinstance(value, types.ModuleType):
+            setattr(attention_course, name, _Hidden(
+                f"ac.{name} is not available in {exercise_id}: the grader does not allow this exercise to use "
+                "the course library's version; write it yourself"))
+        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+            setattr(attention_course, name, _gate(name, value, allowed_now, exercise_id))
+    for name in [key for key in sys.modules if _is_course(key) and key != _PACKAGE]:
+        del sys.modules[name]
+    for name in _EXEC_MODULES:  # subprocess keeps a reference to the module: take the function off it
+        module = sys.modules.pop(name, None)
+        if module is not None and hasattr(module, "fork_exec"):
+            delattr(module, "fork_exec")
+    gc.collect()
+
+    def refuse_path(path: object) -> bool:
+        if isinstance(path, int):
+            return False
+        try:
+            text = os.fsdecode(path)  # type: ignore[arg-type]
+            real = os.path.realpath(text)
+        except (TypeError, ValueError):
+            return True
+        parts = real.split("/")
+        if len(parts) >= 4 and parts[1] == "proc" and parts[-1] == "mem":
+            return True
+        return real == package_dir or real.startswith(package_dir + os.sep)
+
+    def trusted_code(frame: Any) -> bool:
+        filename = getattr(getattr(frame, "f_code", None), "co_filename", "<none>")
+        return (isinstance(filename, str) and not filename.startswith("<")
+                and not os.path.realpath(filename).startswith(package_dir + os.sep))
+
+    def library_frame(frame: Any) -> bool:
+        """A frame that Python's or a package's own code asked for, for its own use (torch.manual_seed
+        formats the stack; typing and namedtuple read a module name): the frame returned and the one
+        that called it both run installed code, not the learner's and not the grader's; a frame walk
+        (traceback.walk_stack) only when traceback itself consumes it."""
+        caller = frame.f_back
+        if not (trusted_code(frame) and trusted_code(caller)):
+            return False
+        if frame.f_code.co_name == "walk_stack":
+            return os.path.basename(caller.f_code.co_filename) == "traceback.py"
+        return True
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "sys.addaudithook":
+            raise _HookRefused("graded code may not add audit hooks")
+        if state[1] and _thread.get_ident() == main_thread:
+            return
+        if event == "import":
+            if args and args[0] in _EXEC_MODULES:
+                raise ImportError(f"graded code may not import {args[0]} (it starts other programs)")
+            if args and _is_course(args[0]):
+                raise ImportError(f"{args[0]} cannot be imported in {exercise_id}'s graded code (the course "
+                                  "library's version is not allowed; write it yourself)")
+        elif event == "open":
+            if args and refuse_path(args[0]):
+                raise LibraryRuleError("graded code may not read the course package's files")
+        elif event == "pickle.find_class":
+            if args and _is_course(args[0]):
+                raise LibraryRuleError("graded code may not unpickle the course library's objects")
+        elif event == "object.__getattr__":
+            if len(args) > 1 and args[1] in _FRAME_ATTRIBUTES:
+                raise FrameAccessRefused(f"graded code may not inspect frames ({args[1]})")
+        elif event in _REFUSED_EVENTS:
+            if event == "sys._getframe":
+                if args and library_frame(args[0]):
+                    return
+                raise FrameAccessRefused("graded code may not inspect frames (sys._getframe)")
+            raise LibraryRuleError(f"graded code may not use {event}")
+        elif event.startswith("ctypes."):
+            raise LibraryRuleError("graded code may not use ctypes")
+        elif event in _EXEC_EVENTS:
+            raise LibraryRuleError(f"graded code may not start other programs ({event})")
+
+    sys.addaudithook(hook)
+
+    def set_part(name: str | None) -> None:
+        state[0] = name
+
+    def trusted(function: Callable[[], T]) -> T:
+        if _thread.get_ident() != main_thread:
+            raise LibraryRuleError("only the worker's main thread may relax the guard")
+        state[1] += 1
+        try:
+            return function()
+        finally:
+            state[1] -= 1
+
+    def intact() -> bool:
+        return not any(_is_course(key) and key != _PACKAGE for key in list(sys.modules))
+
+    return Guard(set_part, trusted, intact)
