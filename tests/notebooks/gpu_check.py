@@ -54,7 +54,8 @@ WHEELS = ROOT / ".whl"
 GPU_VENV = ROOT / ".gpu-venv"
 RECORD = ROOT / "chapters" / "gpu_runs.json"
 # What the notebooks and this tool import beyond PyTorch (the course package brings the rest).
-NEEDED_MODULES = ("nbclient", "nbformat", "ipykernel", "ipywidgets", "matplotlib", "tqdm", "attention_course")
+NEEDED_MODULES = ("nbclient", "nbformat", "ipykernel", "ipywidgets", "matplotlib", "tqdm", "attention_course",
+                  "safetensors", "transformers")  # the last two: chapter 13b's checkpoints (the package's extra)
 # The environment the book build sets and a Colab learner does not have.
 PINNED = ("ATTENTION_COURSE_DEVICE", "ATTENTION_COURSE_STATIC_FIGURES", "ATTENTION_COURSE_WORKLOAD")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -253,9 +254,9 @@ def install_and_rerun(argv: list[str]) -> int:
     # The system's torch satisfies the package's "torch>=2.2": pip keeps it and installs no other. The kernels
     # import the working tree's src/ first (PYTHONPATH), so the installed copy only brings the dependencies.
     if WHEELS.is_dir():
-        what = ["--no-index", "--find-links", str(WHEELS), "attention-course"]
+        what = ["--no-index", "--find-links", str(WHEELS), "attention-course[checkpoints]"]
     else:
-        what = [str(ROOT)]
+        what = [f"{ROOT}[checkpoints]"]
     print(f"installing the course into {name_of(GPU_VENV)} from {name_of(WHEELS) if WHEELS.is_dir() else 'the index'}")
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", *what], check=True)
     rest = [argument for argument in argv if argument != "--install"]
@@ -274,7 +275,8 @@ def prepare_wheels(python_version: str | None) -> int:
         shutil.copy(built, WHEELS)
         import tomllib  # Python 3.11 and newer: prepare the wheels with one
 
-        dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        dependencies = project["dependencies"] + project["optional-dependencies"]["checkpoints"]
         needed = [dep for dep in dependencies if not dep.startswith("torch")]
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "-d", str(WHEELS), *target, *needed],
                        check=True)
