@@ -160,10 +160,17 @@ HOSTILE = [
     Hostile("deletes_a_graded_cell", [delete_graded], {"equivariance_gap": "no graded cell"}),
     Hostile("syntax_error", [prepend("hard_attention_weights", "def broken(:")],
             {"hard_attention_weights": "SyntaxError"}),
+    # A forked child keeps running Python (with the grader's guard); starting a program is refused at run time.
     Hostile("leaves_a_thread_and_a_child_process_running", [prepend("equivariance_gap", (
-        "import subprocess, sys, threading, time\n"
+        "import os, threading, time\n"
         "threading.Thread(target=lambda: time.sleep(10**6)).start()\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(10**6)'])"))], {}),
+        "if os.fork() == 0:\n"
+        "    time.sleep(10**6)\n"
+        "    os._exit(0)"))], {}),
+    Hostile("starts_another_program", [prepend("equivariance_gap", (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(10**6)'])"))],
+        {"equivariance_gap": "may not start other programs"}),
     Hostile("editor_dropped_all_metadata", [strip_metadata], {}),
 ]
 
