@@ -3,21 +3,21 @@
 A Hugging Face checkpoint directory holds ``config.json`` (the architecture and its sizes) and one or more
 ``*.safetensors`` files (named tensors). :func:`load_hf_checkpoint` reads both and builds a
 :class:`~attention_course.DecoderOnlyLM` whose :class:`~attention_course.ModelConfig` states each choice the
-architecture makes, then copies every tensor into the parameter that plays the same role:
+architecture makes, then copies every tensor into the parameter that plays the same role::
 
-=====================  ====================================  ============================================
-course model           GPT-2 (``transformer.``...)             Llama (``model.``...)
-=====================  ====================================  ============================================
-token_embedding        ``wte``                                ``embed_tokens``
-position               ``wpe`` (learned positions)            none: rotary, rotate-half pairing, in attention
-blocks[i].norm1        ``h.i.ln_1`` (LayerNorm)               ``layers.i.input_layernorm`` (RMSNorm)
-w_q, w_k, w_v          ``h.i.attn.c_attn``, split in 3, ᵀ      ``layers.i.self_attn.{q,k,v}_proj``
-w_o                    ``h.i.attn.c_proj``, ᵀ                  ``layers.i.self_attn.o_proj``
-blocks[i].norm2        ``h.i.ln_2``                           ``layers.i.post_attention_layernorm``
-feed_forward           ``h.i.mlp.c_fc``, ``c_proj``, ᵀ; GELU     ``mlp.gate_proj``, ``up_proj``, ``down_proj``
-norm                   ``ln_f``                               ``norm``
-lm_head                tied to ``wte``                        ``lm_head`` (untied)
-=====================  ====================================  ============================================
+    ===============  ==============================  ===============================================
+    course model     GPT-2 (transformer....)         Llama (model....)
+    ===============  ==============================  ===============================================
+    token_embedding  wte                             embed_tokens
+    position         wpe (learned positions)         none: rotary, rotate-half pairing, in attention
+    blocks[i].norm1  h.i.ln_1 (LayerNorm)            layers.i.input_layernorm (RMSNorm)
+    w_q, w_k, w_v    h.i.attn.c_attn, split in 3, ᵀ  layers.i.self_attn.{q,k,v}_proj
+    w_o              h.i.attn.c_proj, ᵀ              layers.i.self_attn.o_proj
+    blocks[i].norm2  h.i.ln_2                        layers.i.post_attention_layernorm
+    feed_forward     h.i.mlp.c_fc, c_proj, ᵀ; GELU   mlp.gate_proj, up_proj, down_proj
+    norm             ln_f                            norm
+    lm_head          tied to wte                     lm_head (untied)
+    ===============  ==============================  ===============================================
 
 GPT-2 stores its linear layers as ``Conv1D`` modules whose weight is ``(in, out)``, the transpose of
 ``nn.Linear``'s ``(out, in)``: ``x @ W + b`` rather than ``x @ Wᵀ + b``; hence the ᵀ above. Its ``c_attn``

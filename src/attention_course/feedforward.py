@@ -86,7 +86,8 @@ class SwiGLU(nn.Module):
         bias: whether the three linear layers have biases (Llama: no).
 
     Attributes:
-        gate, up: ``nn.Linear(d_model, d_ff)`` each (Llama's ``gate_proj`` and ``up_proj``).
+        gate: ``nn.Linear(d_model, d_ff)`` (Llama's ``gate_proj``).
+        up: ``nn.Linear(d_model, d_ff)`` (Llama's ``up_proj``).
         down: ``nn.Linear(d_ff, d_model)`` (``down_proj``).
 
     Shape: ``(..., d_model) -> (..., d_model)``.

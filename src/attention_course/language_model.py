@@ -543,7 +543,7 @@ def train_language_model(
     updates. Weight decay applies to matrices only (not to biases, LayerNorm gains or positions' 1-D
     parameters), as in GPT-2. On CUDA the forward pass runs under ``torch.autocast`` in bfloat16 where the GPU
     runs it natively, in float16 with a gradient scaler on older GPUs
-    (:func:`~attention_course.runtime.autocast_dtype`); on a CPU everything stays float32.
+    (``attention_course.runtime.autocast_dtype``); on a CPU everything stays float32.
 
     Args:
         model: the model (already on its device).

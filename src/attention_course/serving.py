@@ -77,7 +77,8 @@ class PagedKVCache:
         dtype, device: of the storage.
 
     Attributes:
-        keys, values: ``(num_layers, num_blocks, num_kv_heads, block_size, d_head)`` the pool.
+        keys: ``(num_layers, num_blocks, num_kv_heads, block_size, d_head)``, the pool of keys.
+        values: the pool of values, of the same shape.
         block_tables: sequence id -> list of block ids; position ``p`` is in ``table[p // block_size]``.
         lengths: sequence id -> positions written.
         ref_counts: ``(num_blocks,)`` how many sequences' tables hold each block (0 = free).
@@ -651,8 +652,8 @@ class SpeculativeResult:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted among the draft tokens checked (each round checks up to its first rejection): an estimate
-        of the probability ``alpha`` that the target accepts one draft token."""
+        """The share of the draft tokens checked that were accepted (each round checks up to its first
+        rejection), an estimate of the probability ``alpha`` that the target accepts one draft token."""
         return self.accepted / max(self.accepted + self.rejected, 1)
 
     def tokens_per_target_call(self, prompt_length: int) -> float:

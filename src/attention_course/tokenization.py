@@ -29,7 +29,7 @@ from attention_course.vocabulary import UNK, Vocabulary
 
 __all__ = ["BYTE_ALPHABET_SIZE", "BPETokenizer", "CharTokenizer", "count_pairs", "merge_pair"]
 
-#: How many symbols a byte-level BPE vocabulary holds before its first merge: one per byte value.
+#: The number of symbols a byte-level BPE vocabulary holds before its first merge, one per byte value.
 BYTE_ALPHABET_SIZE = 256
 
 

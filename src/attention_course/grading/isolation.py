@@ -93,7 +93,7 @@ class Limits:
 
     @property
     def cgroup_limit(self) -> int:
-        """The memory cgroup's limit: ``sandbox_memory``, or ``memory`` plus :data:`SANDBOX_BASELINE`."""
+        """The memory cgroup's limit, ``sandbox_memory``, or else ``memory`` plus ``SANDBOX_BASELINE``."""
         return self.sandbox_memory if self.sandbox_memory is not None else self.memory + SANDBOX_BASELINE
 
 

@@ -58,7 +58,7 @@ _PRIVATE_KEYS = frozenset({"reference", "expected", "answer", "solution"})
 _MESSAGE_LIMIT = 500
 
 
-#: A notebook's time budget, in steps' time limits: fixed, whatever the number of cells the learner brings.
+#: A notebook's time budget in steps' time limits, fixed whatever the number of cells the learner brings.
 BUDGET_STEPS = 12
 
 

@@ -61,8 +61,9 @@ class StdlibCorpus:
 
     @property
     def source(self) -> str:
-        """Where the files come from, without the machine's own path: ``"the standard library of Python 3.12"``
-        for the running interpreter's standard library, else the directory's last component."""
+        """Where the files come from, without the machine's own path, such as
+        ``"the standard library of Python 3.12"`` for the running interpreter's standard library, else the
+        directory's last component."""
         if Path(self.directory) == stdlib_directory():
             return f"the standard library of Python {sys.version_info.major}.{sys.version_info.minor}"
         return f"{Path(self.directory).name}/"
@@ -94,7 +95,7 @@ def load_stdlib_corpus(
 
     Returns:
         A :class:`StdlibCorpus`. Files are read as UTF-8; a file that cannot be decoded is skipped, and so is a
-        file whose name starts with one of :data:`SKIPPED_PREFIXES` (test fixtures, generated configuration).
+        file whose name starts with one of ``SKIPPED_PREFIXES`` (test fixtures, generated configuration).
 
     Raises:
         ValueError: a non-positive size, or no files found.
