@@ -143,17 +143,18 @@ def test_runtime_tables_list_every_notebook():
     assert table is not None, "the Runtimes page does not show the kernel CPU times"
 
 
-# Known overruns, reported rather than hidden: these lessons and the whole book went over their budgets when
-# chapter 13's byte-level BPE (512 tokens), chapter 15's grouped-query experiment with models that beat the
-# bigram baseline, and chapters 13b, 16 and 17 landed together (measured with one thread per kernel on a
-# loaded two-core machine: 13 at 100-114 s, 15 at 96-97 s, the book at about 800 s). Every cut tried so far
-# cost a claim its margin; until the lessons are made cheaper, these checks run, print the measured times,
-# and are expected to fail. Any other lesson over its budget fails the build.
+# Known overruns, reported rather than hidden. When chapter 13's byte-level BPE (512 tokens), chapter 15's
+# grouped-query experiment with models that beat the bigram baseline, and chapters 13b, 16 and 17 landed
+# together (2026-11-26), the book took 710 s of kernel CPU against its 660 s budget on an idle two-core machine
+# (one thread per kernel), and chapters 13 (86.6 s) and 15 (85.6 s) came within 5% of their 90 s budget
+# (100-114 s and 96-97 s on a loaded machine). Every cut tried so far cost a claim its margin. Until the
+# lessons are made cheaper, these checks run, print the measured times, and may fail without failing the
+# build; any other lesson over its budget fails it.
 OVER_BUDGET = {
-    "chapters/13_decoder_only_language_models": "chapter 13 over its 90 s budget since 2026-11-26",
-    "chapters/15_attention_at_inference_scale": "chapter 15 over its 90 s budget since 2026-11-26",
+    "chapters/13_decoder_only_language_models": "chapter 13 within 5% of its 90 s budget (86.6 s idle, 114 s loaded)",
+    "chapters/15_attention_at_inference_scale": "chapter 15 within 5% of its 90 s budget (85.6 s idle, 97 s loaded)",
 }
-BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26 (chapters 13b, 16 and 17 added, 13 and 15 grew)"
+BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26: 710 s on an idle two-core machine"
 
 
 def _budget_params():
