@@ -379,14 +379,10 @@ def register_author_year_style() -> None:
 
     class AuthorYearLabels(BaseLabelStyle):
         def format_labels(self, sorted_entries):
-            entries = list(sorted_entries)
-            labels = [author_year_label(entry) for entry in entries]
-            authors = [tuple(str(person) for person in entry.persons.get("author", [])) for entry in entries]
+            labels = [author_year_label(entry) for entry in sorted_entries]
             for index, label in enumerate(labels):
-                # Two works of the same authors and year: 2017a, 2017b (in the bibliography's order). Works of
-                # different authors who share the short form ("Chen et al., 2023" twice) keep it: the citations
-                # read that way, and the bibliography's author lists and titles tell them apart.
-                same = [i for i, other in enumerate(labels) if other == label and authors[i] == authors[index]]
+                same = [i for i, other in enumerate(labels) if other == label]
+                # Two works of the same authors and year: 2017a, 2017b (in the bibliography's order).
                 yield label + ("abcdefghijklmnopqrstuvwxyz"[same.index(index)] if len(same) > 1 else "")
 
     class AuthorYearStyle(UnsrtStyle):
