@@ -140,7 +140,7 @@ def workload(cpu: T, gpu: T, device: torch.device | str | None = None) -> T:
     return gpu if on_gpu(device) else cpu
 
 
-#: The CUDA compute capability from which a GPU runs bfloat16 arithmetic natively (Ampere: A100, RTX 30xx).
+#: The CUDA compute capability from which a GPU runs bfloat16 arithmetic natively, Ampere's (A100, RTX 30xx).
 BF16_NATIVE_CAPABILITY = (8, 0)
 
 
