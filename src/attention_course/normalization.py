@@ -15,6 +15,18 @@ from attention_course.config import ModelConfig
 __all__ = ["Dropout", "LayerNorm", "RMSNorm", "norm_for"]
 
 
+def _check_norm_arguments(d_model: int, eps: float) -> None:
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+
+
+def _check_last_dimension(x: Tensor, d_model: int) -> None:
+    if x.dim() == 0 or x.size(-1) != d_model:
+        raise ValueError(f"expected an input of shape (..., {d_model}), got {tuple(x.shape)}")
+
+
 class LayerNorm(nn.Module):
     """Normalise each token's features to zero mean and unit variance, then scale and shift.
 
@@ -37,10 +49,7 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps!r}")
+        _check_norm_arguments(d_model, eps)
         self.d_model = d_model
         self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
@@ -48,8 +57,7 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., d_model)`` -> normalised ``(..., d_model)``."""
-        if x.dim() == 0 or x.size(-1) != self.d_model:
-            raise ValueError(f"expected an input of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        _check_last_dimension(x, self.d_model)
         # Half-precision inputs (float16/bfloat16, e.g. under autocast) are normalised in float32, as
         # nn.LayerNorm does: in float16 a mean near 100 keeps only about 3 significant digits, and the
         # deviations x - mean that remain would be mostly rounding error.
@@ -86,18 +94,14 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__()
-        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-            raise ValueError(f"d_model must be a positive int, got {d_model!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps!r}")
+        _check_norm_arguments(d_model, eps)
         self.d_model = d_model
         self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., d_model)`` -> normalised ``(..., d_model)``."""
-        if x.dim() == 0 or x.size(-1) != self.d_model:
-            raise ValueError(f"expected an input of shape (..., {self.d_model}), got {tuple(x.shape)}")
+        _check_last_dimension(x, self.d_model)
         dtype = x.dtype
         if dtype in (torch.float16, torch.bfloat16):
             x = x.float()  # squares of half-precision numbers overflow (float16) or lose digits (bfloat16)

@@ -109,16 +109,42 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``folder`` on 127.0.0.1 (any free port) from a daemon thread: the server and its URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def route_locally(route, refused: list[str] | None = None) -> None:
+    """Playwright route handler: pages from the local server (without integrity hashes on the scripts served
+    from npm copies), CDN files from the npm copies; anything else is refused (and its URL added to
+    ``refused``), since nothing outside this machine is reachable."""
+    url = route.request.url
+    if urlsplit(url).hostname == "127.0.0.1":
+        if route.request.resource_type != "document":
+            return route.continue_()
+        response = route.fetch()
+        return route.fulfill(response=response, body=drop_integrity_of_local_scripts(response.text()))
+    copy = local_copy(url)
+    if copy is None:
+        if refused is not None:
+            refused.append(url)
+        return route.abort()
+    # The book loads these scripts with crossorigin="anonymous", so the response must allow CORS.
+    headers = {"Content-Type": CONTENT_TYPES.get(copy.suffix, "application/octet-stream"),
+               "Access-Control-Allow-Origin": "*"}
+    return route.fulfill(path=str(copy), headers=headers)
+
+
 @pytest.fixture(scope="session")
 def site_url():
     require_site()
     if not AXE.exists() or not (NODE_MODULES / "mathjax").exists():
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=HERE, check=True)
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server, url = serve(HTML)
+    yield url
     server.shutdown()
 
 
@@ -172,24 +198,7 @@ def visit(browser, site_url):
         page = context.new_page()
         result = PageVisit(page)
 
-        def route(route):
-            url = route.request.url
-            host = urlsplit(url).hostname
-            if host == "127.0.0.1":
-                if route.request.resource_type != "document":
-                    return route.continue_()
-                response = route.fetch()
-                return route.fulfill(response=response, body=drop_integrity_of_local_scripts(response.text()))
-            copy = local_copy(url)
-            if copy is None:
-                result.refused.append(url)
-                return route.abort()
-            content_type = CONTENT_TYPES.get(copy.suffix, "application/octet-stream")
-            # The book loads these scripts with crossorigin="anonymous", so the response must allow CORS.
-            headers = {"Content-Type": content_type, "Access-Control-Allow-Origin": "*"}
-            return route.fulfill(path=str(copy), headers=headers)
-
-        page.route("**/*", route)
+        page.route("**/*", functools.partial(route_locally, refused=result.refused))
 
         def on_console(message):
             # A failed request is reported (with its URL) by the response handler below.

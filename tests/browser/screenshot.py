@@ -14,25 +14,13 @@ part is not in the picture.
 from __future__ import annotations
 
 import argparse
-import functools
-import http.server
 import sys
-import threading
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 
 from tests.book.site import BOOK, HTML
-from tests.browser.conftest import (
-    CHROMIUM_FLAGS,
-    CONTENT_TYPES,
-    _QuietHandler,
-    chromium_path,
-    drop_integrity_of_local_scripts,
-    local_copy,
-    wait_for_maths,
-)
+from tests.browser.conftest import CHROMIUM_FLAGS, chromium_path, route_locally, serve, wait_for_maths
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PAGE = "chapters/02_hard_and_soft_attention.html"
@@ -48,29 +36,6 @@ def last_lesson_part() -> str:
         if any(chapter["file"].split("/")[-1][:2].isdigit() for chapter in part["chapters"])
     ]
     return parts[-1]
-
-
-def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
-def route_locally(route) -> None:
-    """Pages from the local server (without integrity hashes on scripts served from npm copies), CDN files
-    from the npm copies; anything else is refused, as in the browser tests."""
-    url = route.request.url
-    if urlsplit(url).hostname == "127.0.0.1":
-        if route.request.resource_type != "document":
-            return route.continue_()
-        response = route.fetch()
-        return route.fulfill(response=response, body=drop_integrity_of_local_scripts(response.text()))
-    copy = local_copy(url)
-    if copy is None:
-        return route.abort()
-    headers = {"Content-Type": CONTENT_TYPES.get(copy.suffix, "application/octet-stream"), "Access-Control-Allow-Origin": "*"}
-    return route.fulfill(path=str(copy), headers=headers)
 
 
 # Where, in page pixels, the sidebar's caption of the named part ends (null when the sidebar has no such part).
