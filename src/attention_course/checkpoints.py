@@ -6,7 +6,7 @@ A Hugging Face checkpoint directory holds ``config.json`` (the architecture and 
 architecture makes, then copies every tensor into the parameter that plays the same role::
 
     ===============  ==============================  ===============================================
-    course model     GPT-2 (prefix transformer.)     Llama (model....)
+    course model     GPT-2 (prefix transformer.)     Llama (prefix model.)
     ===============  ==============================  ===============================================
     token_embedding  wte                             embed_tokens
     position         wpe (learned positions)         none: rotary, rotate-half pairing, in attention
