@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
 EX02 = "ex02_hard_and_soft_attention"
 BUG_HUNT = "ex_bug_hunt"
+EX13 = "ex13_decoder_only_language_models"
 EX14 = "ex14_positions_for_long_contexts"
 EX16 = "ex16_what_heads_learn"
 
@@ -210,6 +211,26 @@ MUTANTS = [
            "return weights @ values, keys, values",
            "return (torch.softmax(q @ past_keys.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ past_values"
            " if past_keys is not None else v), keys, values"),
+    Mutant("rms_eps_outside_root", EX13, "rms_norm",
+           "normed = x32 / torch.sqrt(mean_square + eps)", "normed = x32 / (torch.sqrt(mean_square) + eps)"),
+    Mutant("rms_subtracts_the_mean", EX13, "rms_norm",
+           "    x32 = x.to(compute)\n", "    x32 = x.to(compute)\n    x32 = x32 - x32.mean(dim=-1, keepdim=True)\n"),
+    Mutant("rms_without_weight", EX13, "rms_norm",
+           "return (normed * weight.to(compute)).to(x.dtype)", "return normed.to(x.dtype)"),
+    Mutant("rms_mean_over_dimension_1", EX13, "rms_norm",
+           "mean_square = x32.pow(2).mean(dim=-1, keepdim=True)", "mean_square = x32.pow(2).mean(dim=1, keepdim=True)"),
+    Mutant("rms_squares_in_float16", EX13, "rms_norm",
+           "compute = torch.float32 if half else x.dtype", "compute = x.dtype"),
+    Mutant("rms_calls_torch_rms_norm", EX13, "rms_norm",
+           "    d = x.size(-1)\n", "    return F.rms_norm(x, (x.size(-1),), weight, eps)\n    d = x.size(-1)\n",
+           zero=True),
+    Mutant("rms_calls_torch_rms_norm_through_aten", EX13, "rms_norm",
+           "    d = x.size(-1)\n",
+           "    return torch.ops.aten.rms_norm(x, [x.size(-1)], weight, eps)\n    d = x.size(-1)\n", zero=True),
+    Mutant("rms_calls_torch_rms_norm_module", EX13, "rms_norm",
+           "    d = x.size(-1)\n",
+           "    module = torch.nn.RMSNorm(x.size(-1), eps=eps, dtype=x.dtype)\n"
+           "    module.weight.data = weight\n    return module(x).detach()\n    d = x.size(-1)\n", zero=True),
     # --- ex14 (notebook ex14_positions_for_long_contexts) ------------------------------------------------
     Mutant("rotary_frequencies_reversed", EX14, "rotate_pairs",
            "frequencies = base ** (-two_i / d)", "frequencies = (base ** (-two_i / d)).flip(0)"),
