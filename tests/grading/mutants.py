@@ -263,6 +263,35 @@ MUTANTS = [
            "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])"),
     Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
            "return scores - slopes[:, None, None] * distance", "return scores + slopes[:, None, None] * distance"),
+    Mutant("rotate_half_pairs_neighbours", EX14, "rotate_half",
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2): pair i is (first[i], second[i])\n"
+           "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
+           "    first, second = x[..., 0::2], x[..., 1::2]\n"
+           "    return torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1).flatten(-2)"),
+    Mutant("rotate_half_interleaved_angle_table", EX14, "rotate_half",
+           "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2): pair i is (first[i], second[i])\n"
+           "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
+           "    angles = angles.repeat_interleave(2, dim=-1)  # (L, d)\n"
+           "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+           "    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)\n"
+           "    return x * cos + turned * sin"),
+    Mutant("rotate_half_wrong_direction", EX14, "rotate_half",
+           "(first * cos - second * sin, first * sin + second * cos)",
+           "(first * cos + second * sin, -first * sin + second * cos)"),
+    Mutant("rotate_half_exponent_without_2", EX14, "rotate_half",
+           "-torch.arange(0, d, 2, dtype=torch.float64) / d", "-torch.arange(half, dtype=torch.float64) / d"),
+    Mutant("to_half_inverse_permutation", EX14, "interleaved_to_half",
+           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))",
+           "order = torch.argsort(torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2))))"),
+    Mutant("to_half_split_over_all_rows", EX14, "interleaved_to_half",
+           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))  # evens, then odds\n"
+           "    per_head = weight.reshape(num_heads, d_head, d_model)",
+           "order = torch.cat((torch.arange(0, rows, 2), torch.arange(1, rows, 2)))\n"
+           "    per_head = weight.reshape(1, rows, d_model)"),
+    Mutant("to_half_permutes_columns", EX14, "interleaved_to_half",
+           "    return per_head[:, order].reshape(rows, d_model)",
+           "    return weight[:, torch.cat((torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)))]"),
     # --- ex15 (notebook ex15_attention_at_inference_scale) -----------------------------------------------
     Mutant("gqa_repeat_not_interleave", "ex15_attention_at_inference_scale", "grouped_query_attention",
            "t.repeat_interleave(group, dim=1)", "t.repeat(1, group, 1, 1)"),
