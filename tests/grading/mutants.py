@@ -264,13 +264,13 @@ MUTANTS = [
     Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
            "return scores - slopes[:, None, None] * distance", "return scores + slopes[:, None, None] * distance"),
     Mutant("rotate_half_pairs_neighbours", EX14, "rotate_half",
-           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2): pair i is (first[i], second[i])\n"
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2) each: the pairs\n"
            "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
            "    first, second = x[..., 0::2], x[..., 1::2]\n"
            "    return torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1).flatten(-2)"),
     Mutant("rotate_half_interleaved_angle_table", EX14, "rotate_half",
            "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
-           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2): pair i is (first[i], second[i])\n"
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2) each: the pairs\n"
            "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
            "    angles = angles.repeat_interleave(2, dim=-1)  # (L, d)\n"
            "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
@@ -285,7 +285,7 @@ MUTANTS = [
            "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))",
            "order = torch.argsort(torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2))))"),
     Mutant("to_half_split_over_all_rows", EX14, "interleaved_to_half",
-           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))  # evens, then odds\n"
+           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))\n"
            "    per_head = weight.reshape(num_heads, d_head, d_model)",
            "order = torch.cat((torch.arange(0, rows, 2), torch.arange(1, rows, 2)))\n"
            "    per_head = weight.reshape(1, rows, d_model)"),
