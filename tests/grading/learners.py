@@ -249,6 +249,12 @@ def one_hot_of_first_max(scores):
     values = v if past_values is None else torch.cat([past_values, v], dim=1)
     scores = torch.einsum("bqd,bkd->bqk", q, keys) / q.shape[-1] ** 0.5
     return torch.einsum("bqk,bkd->bqd", scores.softmax(dim=-1), values), keys, values""",
+        "rms_norm": """\
+    if weight.dim() != 1 or weight.numel() != x.shape[-1]:
+        raise ValueError(f"{weight.numel()} gains for {x.shape[-1]} features")
+    x64 = x.double()
+    inverse_rms = torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
+    return (x64 * inverse_rms * weight.double()).to(x.dtype)""",
     }),
     # rotary as complex multiplication, the query turned back instead of the key forward, slopes by loop
     Learner("ex14_complex_numbers_and_loops", "ex14_positions_for_long_contexts", answers={
@@ -274,6 +280,24 @@ def one_hot_of_first_max(scores):
         slopes.append(2 ** (-8 * h / (2 * n)))
         h += 2
     return torch.tensor(slopes, dtype=torch.float64)""",
+        "rotate_half": """\
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"odd feature size {d}")
+    pairs = torch.complex(x[..., : d // 2].double(), x[..., d // 2:].double())
+    freqs = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    turn = torch.polar(torch.ones(len(positions), d // 2, dtype=torch.float64),
+                       positions.double()[:, None] * freqs)
+    return torch.cat(((pairs * turn).real, (pairs * turn).imag), dim=-1).to(x.dtype)""",
+        # Hugging Face's conversion of Meta's Llama weights: pairs as a (d_head/2, 2) view, transposed
+        "interleaved_to_half": """\
+    rows, d_model = weight.shape
+    if rows % num_heads:
+        raise ValueError(f"{rows} rows for {num_heads} heads")
+    if rows // num_heads % 2:
+        raise ValueError(f"head size {rows // num_heads} is odd")
+    pairs = weight.view(num_heads, rows // num_heads // 2, 2, d_model)
+    return pairs.transpose(1, 2).reshape(rows, d_model)""",
     }),
     # ex15: query groups as a view (no copies) and einsum, the window as two comparisons, the tile in einsum
     Learner("ex15_views_and_einsum", "ex15_attention_at_inference_scale", answers={

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "exercises" / "solutions"
 EX02 = "ex02_hard_and_soft_attention"
 BUG_HUNT = "ex_bug_hunt"
+EX13 = "ex13_decoder_only_language_models"
 EX14 = "ex14_positions_for_long_contexts"
 EX16 = "ex16_what_heads_learn"
 
@@ -210,6 +211,26 @@ MUTANTS = [
            "return weights @ values, keys, values",
            "return (torch.softmax(q @ past_keys.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ past_values"
            " if past_keys is not None else v), keys, values"),
+    Mutant("rms_eps_outside_root", EX13, "rms_norm",
+           "normed = x32 / torch.sqrt(mean_square + eps)", "normed = x32 / (torch.sqrt(mean_square) + eps)"),
+    Mutant("rms_subtracts_the_mean", EX13, "rms_norm",
+           "    x32 = x.to(compute)\n", "    x32 = x.to(compute)\n    x32 = x32 - x32.mean(dim=-1, keepdim=True)\n"),
+    Mutant("rms_without_weight", EX13, "rms_norm",
+           "return (normed * weight.to(compute)).to(x.dtype)", "return normed.to(x.dtype)"),
+    Mutant("rms_mean_over_dimension_1", EX13, "rms_norm",
+           "mean_square = x32.pow(2).mean(dim=-1, keepdim=True)", "mean_square = x32.pow(2).mean(dim=1, keepdim=True)"),
+    Mutant("rms_squares_in_float16", EX13, "rms_norm",
+           "compute = torch.float32 if half else x.dtype", "compute = x.dtype"),
+    Mutant("rms_calls_torch_rms_norm", EX13, "rms_norm",
+           "    d = x.size(-1)\n", "    return F.rms_norm(x, (x.size(-1),), weight, eps)\n    d = x.size(-1)\n",
+           zero=True),
+    Mutant("rms_calls_torch_rms_norm_through_aten", EX13, "rms_norm",
+           "    d = x.size(-1)\n",
+           "    return torch.ops.aten.rms_norm(x, [x.size(-1)], weight, eps)\n    d = x.size(-1)\n", zero=True),
+    Mutant("rms_calls_torch_rms_norm_module", EX13, "rms_norm",
+           "    d = x.size(-1)\n",
+           "    module = torch.nn.RMSNorm(x.size(-1), eps=eps, dtype=x.dtype)\n"
+           "    module.weight.data = weight\n    return module(x).detach()\n    d = x.size(-1)\n", zero=True),
     # --- ex14 (notebook ex14_positions_for_long_contexts) ------------------------------------------------
     Mutant("rotary_frequencies_reversed", EX14, "rotate_pairs",
            "frequencies = base ** (-two_i / d)", "frequencies = (base ** (-two_i / d)).flip(0)"),
@@ -242,6 +263,35 @@ MUTANTS = [
            "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])"),
     Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
            "return scores - slopes[:, None, None] * distance", "return scores + slopes[:, None, None] * distance"),
+    Mutant("rotate_half_pairs_neighbours", EX14, "rotate_half",
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2) each: the pairs\n"
+           "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
+           "    first, second = x[..., 0::2], x[..., 1::2]\n"
+           "    return torch.stack((first * cos - second * sin, first * sin + second * cos), dim=-1).flatten(-2)"),
+    Mutant("rotate_half_interleaved_angle_table", EX14, "rotate_half",
+           "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+           "    first, second = x[..., :half], x[..., half:]  # (..., L, d/2) each: the pairs\n"
+           "    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)",
+           "    angles = angles.repeat_interleave(2, dim=-1)  # (L, d)\n"
+           "    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)\n"
+           "    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)\n"
+           "    return x * cos + turned * sin"),
+    Mutant("rotate_half_wrong_direction", EX14, "rotate_half",
+           "(first * cos - second * sin, first * sin + second * cos)",
+           "(first * cos + second * sin, -first * sin + second * cos)"),
+    Mutant("rotate_half_exponent_without_2", EX14, "rotate_half",
+           "-torch.arange(0, d, 2, dtype=torch.float64) / d", "-torch.arange(half, dtype=torch.float64) / d"),
+    Mutant("to_half_inverse_permutation", EX14, "interleaved_to_half",
+           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))",
+           "order = torch.argsort(torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2))))"),
+    Mutant("to_half_split_over_all_rows", EX14, "interleaved_to_half",
+           "order = torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))\n"
+           "    per_head = weight.reshape(num_heads, d_head, d_model)",
+           "order = torch.cat((torch.arange(0, rows, 2), torch.arange(1, rows, 2)))\n"
+           "    per_head = weight.reshape(1, rows, d_model)"),
+    Mutant("to_half_permutes_columns", EX14, "interleaved_to_half",
+           "    return per_head[:, order].reshape(rows, d_model)",
+           "    return weight[:, torch.cat((torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)))]"),
     # --- ex15 (notebook ex15_attention_at_inference_scale) -----------------------------------------------
     Mutant("gqa_repeat_not_interleave", "ex15_attention_at_inference_scale", "grouped_query_attention",
            "t.repeat_interleave(group, dim=1)", "t.repeat(1, group, 1, 1)"),

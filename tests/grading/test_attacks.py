@@ -360,6 +360,15 @@ GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
         "    found = next(o for o in gc.get_objects() if callable(o) and getattr(o, '__name__', '') ==\n"
         "                 'grouped_query_attention' and str(getattr(o, '__module__', '')).endswith('grouped_query'))\n"
         "    return found(query, key, value, mask=mask)\n")}, "runtime"),
+    "reaches_ac_rms_norm_by_a_built_name": (EX13, {"rms_norm": (
+        "def rms_norm(x, weight, eps=1e-5):\n"
+        "    norm = getattr(__import__('attention' + '_course'), 'RMS' + 'Norm')(x.shape[-1], eps)\n"
+        "    norm.weight.data = weight\n"
+        "    return norm(x).detach()\n")}, "runtime"),
+    # Not the course library but PyTorch's own RMSNorm, taken before the check runs: refused while it runs.
+    "captures_torchs_rms_norm_in_a_default": (EX13, {"rms_norm": (
+        "def rms_norm(x, weight, eps=1e-5, _norm=getattr(torch.nn.functional, 'rms' + '_norm')):\n"
+        "    return _norm(x, (x.shape[-1],), weight, eps)\n")}, "runtime"),
     "unpickles_the_graders_reference": (EX13, {"top_k_filter": (
         "import pickle\n"
         "def top_k_filter(logits, k):\n"

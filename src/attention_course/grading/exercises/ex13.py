@@ -2,12 +2,17 @@
 
 The learner writes chapter 13's core: the shifted next-token loss with padding ignored, the top-k and top-p
 (nucleus) filters, sampling with a temperature and those filters, and one cached generation step of
-single-head causal self-attention.
+single-head causal self-attention; and, from chapter 13b's modern block, RMSNorm.
 
 References are computed in the checking process in float64 from PyTorch (``F.cross_entropy``, softmax,
 attention over the whole sequence) and from the library's filters (:mod:`attention_course.sampling`);
 the specific messages recognise the usual mistakes: targets not shifted, padding counted, the token that
-crosses p dropped, temperature applied to probabilities, a filter that does not shape the draw.
+crosses p dropped, temperature applied to probabilities, a filter that does not shape the draw, and for
+RMSNorm: eps outside the square root, the mean subtracted (LayerNorm), the weight left out, the mean square
+taken over another dimension than the last, a float16 input squared in float16. RMSNorm's reference is
+``F.rms_norm`` in float64; while the learner's ``rms_norm`` runs, PyTorch's own RMSNorm (``F.rms_norm``,
+``nn.RMSNorm``, ``torch.rms_norm``, the ``aten`` operators) refuses to run, so the part cannot be answered
+by calling it (the course library's ``ac.RMSNorm`` is refused by the library rule, as for every part).
 """
 
 from __future__ import annotations
@@ -17,21 +22,25 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from attention_course.grading.compare import (
     close_problem,
     f64,
     finite_problem,
     first_problem,
+    matches,
     scalar_problem,
     tensor_problem,
     tuple_problem,
+    value_error_problem,
 )
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
+    call_expecting_error,
     diagnose,
     permutation,
     preamble,
@@ -352,6 +361,104 @@ def _verify_step(case: Case, output: Any) -> str | None:
     )
 
 
+# --- part 6: RMSNorm (chapter 13b) ------------------------------------------------------------------------
+def _rms_norm_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, x: torch.Tensor, eps: float = 1e-5, **data: Any) -> Case:
+        weight = (1.0 + randn(g, x.size(-1), scale=0.5)).to(x.dtype)  # far from ones: a missing weight shows
+        return Case(name, (x, weight), {"eps": eps}, data=data)
+
+    width = int(torch.randint(5, 41, (1,), generator=g))  # a feature size no code can assume
+    wrong_weight = Case("a weight of 7 gains for 6 features raises a ValueError",
+                        (randn(g, 2, 6), randn(g, 7)), {"eps": 1e-5}, data={"error": True})
+    return [
+        case("x (4, 10) with a random weight", randn(g, 4, 10)),
+        case("a batch of sequences, x (2, 5, 16)", randn(g, 2, 5, 16, scale=3.0)),
+        case("inputs far from zero: mean about 4, x (3, 7, 12)", 4.0 + randn(g, 3, 7, 12)),
+        case("small entries (about 1e-3, where eps matters), x (2, 3, 32)", randn(g, 2, 3, 32, scale=1e-3)),
+        case("eps = 0.1, x (2, 6, 6)", randn(g, 2, 6, 6, scale=0.5), eps=0.1),
+        case("a feature size drawn between 5 and 40, x (3, 4, d)", randn(g, 3, 4, width)),
+        case("float64 input keeps its dtype, x (2, 2, 3, 9)", randn(g, 2, 2, 3, 9, dtype=torch.float64)),
+        case("float16 input with entries near 300 (their squares overflow float16), x (2, 3, 8)",
+             randn(g, 2, 3, 8, scale=300.0).half(), half=True),
+        wrong_weight,
+    ]
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, dim: int = -1, centre: bool = False,
+         eps_inside: bool = True) -> torch.Tensor:
+    """RMSNorm and its usual wrong variants, in float64."""
+    if centre:
+        x = x - x.mean(dim=-1, keepdim=True)
+    mean_square = x.pow(2).mean(dim=dim, keepdim=True)
+    scale = (mean_square + eps).sqrt() if eps_inside else mean_square.sqrt() + eps
+    return x / scale * (1.0 if weight is None else weight)
+
+
+_RMS_NORM_MISTAKES = (  # (x, weight, eps), float64 -> a wrong RMSNorm
+    Mistake(lambda x, w, eps: _rms(x, w, eps, eps_inside=False),
+            "your output matches x / (sqrt(mean(x^2)) + eps): eps belongs inside the square root, "
+            "x / sqrt(mean(x^2) + eps)"),
+    Mistake(lambda x, w, eps: _rms(x, w, 0.0),
+            "your output matches an RMSNorm without eps: add eps to the mean square, inside the square root"),
+    Mistake(lambda x, w, eps: _rms(x, w, eps, centre=True),
+            "your output matches a LayerNorm without bias: RMSNorm does not subtract the mean, it divides x "
+            "itself by its root mean square"),
+    Mistake(lambda x, w, eps: _rms(x, None, eps),
+            "your output is normalised but ignores the weight: multiply by it, one gain per feature"),
+    Mistake(lambda x, w, eps: _rms(x, w, eps, dim=1) if x.dim() > 2 else None,
+            "your mean square is taken over dimension 1: RMSNorm averages over the last dimension (the "
+            "features of one token), whatever the number of leading dimensions"),
+)
+
+
+def _verify_rms_norm(case: Case, output: Any) -> str | None:
+    x, weight = case.args
+    eps = case.kwargs["eps"]
+    if case.data.get("error"):
+        return value_error_problem(output, (x.size(-1), weight.size(-1)),
+                                   f"the weight has {weight.size(-1)} gains but x has {x.size(-1)} features; "
+                                   "name both sizes in the message")
+    expected = F.rms_norm(f64(x), (x.size(-1),), f64(weight), eps)
+    atol, rtol = (2e-3, 2e-3) if case.data.get("half") else (1e-5, 1e-4)
+
+    def values() -> str | None:
+        if matches(output, expected, atol=atol, rtol=rtol):
+            return None
+        if case.data.get("half"):
+            return ("your float16 output is wrong: squares of entries near 300 exceed float16's largest "
+                    "number (65504); compute the mean square in float32 and return float16")
+        return (diagnose(_RMS_NORM_MISTAKES, output, f64(x), f64(weight), eps)
+                or close_problem(output, expected, "your output", "F.rms_norm (nn.RMSNorm)", atol=atol, rtol=rtol))
+
+    return first_problem(
+        lambda: tensor_problem(output, "your output", x.shape),
+        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {output.dtype}",
+        lambda: None if case.data.get("half") else finite_problem(output, "your output"),
+        values,
+    )
+
+
+class TorchRMSNormRefused(PermissionError):
+    """What the learner's ``rms_norm`` gets when it calls PyTorch's own RMSNorm."""
+
+
+class _RefuseTorchRMSNorm(TorchFunctionMode):
+    """While active, every PyTorch function whose name holds ``rms_norm`` (``F.rms_norm``, ``torch.rms_norm``,
+    ``nn.RMSNorm``'s forward, ``torch.ops.aten.rms_norm`` and ``_fused_rms_norm``) raises instead of running."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if "rms_norm" in str(getattr(func, "__name__", func)):
+            raise TorchRMSNormRefused("this part asks you to write RMSNorm from its formula: PyTorch's own "
+                                      "(F.rms_norm, nn.RMSNorm, torch.rms_norm) does not run here")
+        return func(*args, **(kwargs or {}))
+
+
+def _run_rms_norm(obj: Any, case: Case) -> Any:
+    """Call the learner's ``rms_norm`` with PyTorch's RMSNorm refused (the answer must be the learner's)."""
+    with _RefuseTorchRMSNorm():
+        return call_expecting_error(obj, case)
+
+
 EXERCISE = Exercise(
     id="ex13",
     title="Decoder-only language models",
@@ -406,6 +513,18 @@ EXERCISE = Exercise(
             make_cases=_step_cases,
             verify=_verify_step,
         ),
+        Part(
+            name="rms_norm",
+            points=2,
+            summary="RMSNorm: each token's features divided by their root mean square (eps inside), times a weight",
+            hint="Square every feature and average over the last dimension only, keeping it for broadcasting; add "
+                 "eps to that mean before taking the square root; divide x by the result and multiply by the "
+                 "weight. Half-precision inputs: do the arithmetic in float32 and convert back at the end. Check "
+                 "the weight's size against the last dimension first.",
+            make_cases=_rms_norm_cases,
+            verify=_verify_rms_norm,
+            run=_run_rms_norm,
+        ),
     ),
 )
 
@@ -426,5 +545,10 @@ EXERCISE = with_concepts(EXERCISE, {
     "cached_attention_step": (
         "At each generation step only the newest token is new: its key and value join the cache, and its query "
         "attends to every position so far."
+    ),
+    "rms_norm": (
+        "RMSNorm keeps only LayerNorm's rescaling: no mean is subtracted and no bias added. Each token's "
+        "features are divided by their root mean square, with eps under the root so a zero vector stays "
+        "finite, then scaled by a learned gain per feature."
     ),
 })

@@ -3,14 +3,19 @@
 The learner writes chapter 14's two position schemes: the rotary embedding (rotate every pair of features
 ``(2i, 2i+1)`` by ``position · base^(-2i/d)``), the score of a rotated query and key as a function of their
 offset alone (the relative-position property), and ALiBi: its slopes (the paper's rule included) and its bias
-added to the scores.
+added to the scores; then chapter 13b's Llama convention: the rotary embedding with rotate-half pairs
+``(i, i + d/2)``, and the permutation of a query or key projection's rows that turns weights trained with one
+pairing into weights for the other (how Llama checkpoints are converted to the Hugging Face layout).
 
 References come from the library (:func:`attention_course.apply_rotary`, :func:`attention_course.alibi_slopes`,
 :func:`attention_course.alibi_bias`) in float64, and from properties (a rotation keeps lengths; the score at an
 offset does not depend on where the pair sits). The specific messages recognise the usual mistakes: the
 frequencies in reverse order, ``base^(-i/d)`` instead of ``base^(-2i/d)``, the first half rotated against the
 second half, a rotation the wrong way, the query rotated instead of the key, ALiBi slopes reversed or taken
-from the power-of-two formula for any head count, a bias with the wrong sign or not aligned with the last keys.
+from the power-of-two formula for any head count, a bias with the wrong sign or not aligned with the last keys;
+for rotate-half, the interleaved pairing, a cos/sin table laid out for interleaved pairs, the other half negated;
+for the conversion, the inverse permutation, the even/odd split taken over all rows instead of head by head,
+the columns permuted instead of the rows.
 """
 
 from __future__ import annotations
@@ -242,6 +247,144 @@ def _verify_alibi(case: Case, output: Any) -> str | None:
     return first_problem(lambda: tensor_problem(output, "your biased scores", scores.shape), values)
 
 
+# --- part 4: rotary in the Llama convention (rotate-half pairs) -----------------------------------------------
+def _rotate_mixed(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate-half's formula x cos + rotate_half(x) sin with the cos/sin tables laid out for interleaved pairs
+    (each frequency repeated twice in a row): the two conventions mixed."""
+    x = f64(x)
+    d = x.size(-1)
+    angles = positions.to(torch.float64)[:, None] * _frequencies(d, base).repeat_interleave(2)  # (L, d)
+    first, second = x[..., : d // 2], x[..., d // 2:]
+    return x * angles.cos() + torch.cat((-second, first), dim=-1) * angles.sin()
+
+
+ROTATE_HALF_MISTAKES = (
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base)),
+            "you paired neighbouring features (2i, 2i+1), part 1's convention: in the Llama convention feature "
+            "i turns with feature i + d/2"),
+    Mistake(_rotate_mixed,
+            "your cos and sin tables repeat each frequency twice in a row (the interleaved layout): with "
+            "rotate-half pairs, the angle table is the d/2 angles followed by the same d/2 angles again"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base), direction=-1.0, halves=True),
+            "you rotate the wrong way: the first half becomes x1 cos - x2 sin and the second x1 sin + x2 cos "
+            "(rotate_half(x) is (-x2, x1), not (x2, -x1))"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base).flip(0), halves=True),
+            "your frequencies are in reverse order: pair i = (i, i + d/2) turns at base^(-2i/d), the first "
+            "pair fastest"),
+    Mistake(lambda x, p, base: _rotate(x, p, _frequencies(x.size(-1), base, exponent=1.0), halves=True),
+            "pair i turns at base^(-2i/d): your exponent is -i/d (the 2 is missing)"),
+    Mistake(lambda x, p, base: _rotate(x, torch.arange(x.size(-2)), _frequencies(x.size(-1), base), halves=True),
+            "you rotated row l by the angle of position l: use the positions argument (row l sits at "
+            "positions[l])"),
+)
+
+
+def _rotate_half_cases(g: torch.Generator) -> list[Case]:
+    scattered = torch.randperm(60, generator=g)[:6]
+    return [
+        Case("x (6, 8) at positions 0..5", (randn(g, 6, 8), torch.arange(6))),
+        Case("heads: x (2, 4, 5, 12) at positions 40..44", (randn(g, 2, 4, 5, 12), torch.arange(40, 45))),
+        Case("base 500000 (Llama 3's), x (3, 16) at positions 1000..1002",
+             (randn(g, 3, 16), torch.arange(1000, 1003)), {"base": 500000.0}),
+        Case("positions not in order: 6 rows at scattered positions below 60", (randn(g, 6, 10), scattered)),
+        Case("float64 input, x (1, 3, 7, 6)", (randn(g, 1, 3, 7, 6, dtype=torch.float64), torch.arange(7))),
+        Case("d = 2: a single pair, where both conventions agree", (randn(g, 5, 2), torch.arange(5)), credit=False),
+        Case("an odd feature size (d = 7) raises a ValueError", (randn(g, 3, 7), torch.arange(3)),
+             data={"error": True}),
+    ]
+
+
+def _verify_rotate_half(case: Case, output: Any) -> str | None:
+    x, positions = case.args
+    base = case.kwargs.get("base", 10000.0)
+    if case.data.get("error"):
+        return value_error_problem(output, (x.size(-1),), f"d = {x.size(-1)} is odd (features are rotated in "
+                                   "pairs); name the feature size in the message")
+    expected = reference_rotary(f64(x), positions, base=base, pairing="half")
+
+    def values() -> str | None:
+        problem = close_problem(output, expected, "your rotated x", "rotate-half rotary", atol=1e-5, rtol=1e-4)
+        if problem is None:
+            return None
+        return diagnose(ROTATE_HALF_MISTAKES, output, x, positions, base) or problem
+
+    return first_problem(
+        lambda: tensor_problem(output, "your rotated x", x.shape),
+        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (as x), got {output.dtype}",
+        values,
+    )
+
+
+# --- part 5: converting a projection from interleaved to rotate-half pairs ------------------------------------
+def _half_order(d_head: int) -> torch.Tensor:
+    """The new order of one head's features: the even ones (first of each pair), then the odd ones."""
+    return torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))
+
+
+def _permuted_rows(weight: torch.Tensor, num_heads: int, inverse: bool = False) -> torch.Tensor:
+    d_head = weight.size(0) // num_heads
+    order = _half_order(d_head)
+    if inverse:
+        order = torch.argsort(order)
+    rows = (torch.arange(num_heads)[:, None] * d_head + order[None, :]).flatten()
+    return f64(weight)[rows]
+
+
+_CONVERSION_MISTAKES = (  # (weight, num_heads) -> a wrong conversion
+    Mistake(lambda w, h: _permuted_rows(w, h, inverse=True),
+            "you applied the inverse permutation (rotate-half to interleaved): new row i of each head is old row "
+            "2i, and new row i + d/2 is old row 2i + 1"),
+    Mistake(lambda w, h: _permuted_rows(w, 1) if h > 1 else None,
+            "you split the even and odd rows of the whole weight: the pairs live inside each head, so "
+            "permute each head's d_head rows separately"),
+    Mistake(lambda w, h: f64(w)[:, _half_order(w.size(1))] if w.size(0) == w.size(1) else None,
+            "you permuted the columns (the model's input features): the rotation acts on the projection's "
+            "outputs, which are the rows of an nn.Linear weight (out_features, in_features)"),
+    Mistake(lambda w, h: f64(w), "your weight came back unchanged: each head's rows must be reordered"),
+)
+
+
+def _conversion_cases(g: torch.Generator) -> list[Case]:
+    return [
+        Case("4 heads of 6 features, d_model 10: weight (24, 10)", (randn(g, 24, 10), 4)),
+        Case("2 heads of 8 features, a square weight (16, 16)", (randn(g, 16, 16), 2)),
+        Case("one head of 10 features, d_model 7", (randn(g, 10, 7), 1)),
+        Case("2 key-value heads of 12 features (a grouped-query key projection), d_model 48",
+             (randn(g, 24, 48), 2)),
+        Case("float64 weight, 3 heads of 8 features, d_model 5", (randn(g, 24, 5, dtype=torch.float64), 3)),
+        Case("d_head = 2: the one pair is already (i, i + d/2), nothing moves", (randn(g, 6, 4), 3), credit=False),
+        Case("an odd head size (3 heads of 7 features) raises a ValueError", (randn(g, 21, 4), 3),
+             data={"error": True, "numbers": (7,)}),
+        Case("10 rows do not split into 4 heads: a ValueError", (randn(g, 10, 6), 4),
+             data={"error": True, "numbers": (10, 4)}),
+    ]
+
+
+def _verify_conversion(case: Case, output: Any) -> str | None:
+    weight, num_heads = case.args
+    if case.data.get("error"):
+        numbers = case.data["numbers"]
+        why = (f"the head size {numbers[0]} is odd (rotary needs pairs)" if len(numbers) == 1 else
+               f"{numbers[0]} rows do not split into {numbers[1]} heads")
+        return value_error_problem(output, numbers, why + "; name the sizes in the message")
+    expected = _permuted_rows(weight, num_heads)
+
+    def values() -> str | None:
+        if matches(output, expected, atol=0.0, rtol=0.0):
+            return None
+        return (diagnose(_CONVERSION_MISTAKES, output, weight, num_heads,
+                         matches=lambda got, wrong: matches(got, wrong, atol=0.0, rtol=0.0))
+                or close_problem(output, expected, "your weight", "the weight with each head's rows reordered "
+                                 "(evens, then odds)", atol=0.0, rtol=0.0))
+
+    return first_problem(
+        lambda: tensor_problem(output, "your weight", weight.shape),
+        lambda: None if output.dtype == weight.dtype else f"expected dtype {weight.dtype} (the weight's), got "
+        f"{output.dtype}",
+        values,
+    )
+
+
 EXERCISE = Exercise(
     id="ex14",
     title="Positions for long contexts",
@@ -281,6 +424,29 @@ EXERCISE = Exercise(
             make_cases=_alibi_cases,
             verify=_verify_alibi,
         ),
+        Part(
+            name="rotate_half",
+            points=2,
+            summary="the rotary embedding in the Llama convention: feature i turned with feature i + d/2",
+            hint="The frequencies and the (L, d/2) angle table are part 1's. Split the last dimension into its "
+                 "first and second halves (the two members of every pair), apply the two rotation formulas to "
+                 "the halves as blocks, and join the results in the same order. Raise the ValueError first.",
+            make_cases=_rotate_half_cases,
+            verify=_verify_rotate_half,
+            run=call_expecting_error,
+        ),
+        Part(
+            name="interleaved_to_half",
+            points=2,
+            summary="reorder each head's rows of a query/key projection from interleaved to rotate-half pairs",
+            hint="Within one head, output feature 2i (the first member of pair i) must move to place i and "
+                 "feature 2i + 1 to place i + d_head/2: the new order lists the even rows, then the odd ones. "
+                 "View the weight as (heads, d_head, d_model), index the middle dimension with that order, and "
+                 "flatten back. Check the sizes first.",
+            make_cases=_conversion_cases,
+            verify=_verify_conversion,
+            run=call_expecting_error,
+        ),
     ),
 )
 
@@ -297,5 +463,14 @@ EXERCISE = with_concepts(EXERCISE, {
         "ALiBi adds to every score a penalty that grows linearly with the distance between query and key; "
         "each head has its own fixed slope, and the slopes form a geometric sequence, so some heads look only "
         "nearby and others far back."
+    ),
+    "rotate_half": (
+        "Llama, GPT-NeoX and the Hugging Face files pair feature i with feature i + d/2 instead of 2i with "
+        "2i + 1: the same rotations by the same angles, applied to the features in another order."
+    ),
+    "interleaved_to_half": (
+        "A projection's rows are its output features. Reordering a query and a key projection's rows by the "
+        "same permutation, head by head, leaves every dot product unchanged and moves each rotary pair to "
+        "the places the other convention rotates together."
     ),
 })
