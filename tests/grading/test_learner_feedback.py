@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
+from attention_course.grading import get_exercise
 from attention_course.grading.checker import Checker
-from attention_course.grading.notebook_format import TAG_GRADED, cell_part, cell_tags
+from attention_course.grading.notebook_format import (
+    BEGIN_SOLUTION,
+    BUGGY,
+    END_SOLUTION,
+    TAG_GRADED,
+    cell_part,
+    cell_tags,
+    notebook_exercise,
+)
 from attention_course.grading.spec import InputWatch, _TrackedRun
 from tests.grading.test_checks import SOLUTIONS, namespace_of, run_check
 
@@ -116,3 +126,97 @@ def test_ex10_decoder_layer_with_in_place_residual_loses_its_points():
     assert not checker.passed("decoder_layer_forward")
     assert "your function changed its input `y` in place" in text
     assert checker._verdicts["decoder_layer_forward"].score < ex.part("decoder_layer_forward").points
+
+
+# --- b. hints without any expression of the solution -------------------------------------------------------
+# Hint text and solution code are compared as tokens: Python's identifiers, numbers and operators, with
+# whitespace, quotes and backticks dropped (so `dim = -1` and "dim=-1" are the same four tokens). A hint fails
+# when it shares a run of at least RUN_TOKENS consecutive tokens with the solution code of its exercise and the
+# run holds a call or an index (a name, `)` or `]` followed by `(` or `[`). Why 6: the shortest give-away the
+# issue lists, `tokens[:, 1:]`, is 7 tokens, and a method call with two arguments, `.transpose(1, 2)`, is 6;
+# while 5 tokens leave prose room to name a function or a keyword (`F.cross_entropy`, `dim=-1)`, `sqrt(d_k)`),
+# which teaches what to look up without writing the line.
+RUN_TOKENS = 6
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|==|!=|<=|>=|<<|>>"
+                    r"|[-+*/%@&|^~<>]=?|[()\[\]{},:.;=]")
+
+
+def code_tokens(text: str) -> list[str]:
+    """``text`` (code or prose) as normalised Python tokens."""
+    return _TOKEN.findall(text.translate(str.maketrans({"'": " ", '"': " ", "`": " "})))
+
+
+def solution_code(path: Path) -> str:
+    """The solution blocks of every graded cell of a solution notebook, comments dropped."""
+    lines: list[str] = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if TAG_GRADED not in cell_tags(cell):
+            continue
+        inside = False
+        for line in cell.source.splitlines():
+            if line.strip() == BEGIN_SOLUTION:
+                inside = True
+            elif line.strip() in (END_SOLUTION, BUGGY):
+                inside = False
+            elif inside:
+                lines.append(line.split("#")[0])
+    return "\n".join(lines)
+
+
+def shared_expressions(hint: str, solution: str, length: int = RUN_TOKENS) -> list[str]:
+    """The runs of at least ``length`` tokens that ``hint`` shares with ``solution`` and that hold a call or an
+    index, each as the longest such run from where it starts."""
+    said, code = code_tokens(hint), code_tokens(solution)
+    starts: dict[tuple[str, ...], list[int]] = {}
+    for j in range(len(code) - length + 1):
+        starts.setdefault(tuple(code[j:j + length]), []).append(j)
+    found, i = [], 0
+    while i <= len(said) - length:
+        if tuple(said[i:i + length]) not in starts:
+            i += 1
+            continue
+        longest = length
+        for j in starts[tuple(said[i:i + length])]:
+            k = length
+            while i + k < len(said) and j + k < len(code) and said[i + k] == code[j + k]:
+                k += 1
+            longest = max(longest, k)
+        run = said[i:i + longest]
+        if any((a[0].isalpha() or a[0] == "_" or a in ")]") and b in "([" for a, b in zip(run, run[1:])):
+            found.append(" ".join(run))
+        i += longest
+    return found
+
+
+NOTEBOOK_OF = {notebook_exercise(nbformat.read(path, as_version=4)): path for path in SOLUTIONS}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(NOTEBOOK_OF))
+def test_no_hint_holds_an_expression_of_the_solution(exercise_id):
+    solution = solution_code(NOTEBOOK_OF[exercise_id])
+    assert len(code_tokens(solution)) > 50
+    for part in get_exercise(exercise_id).parts:
+        for level, hint in enumerate(part.hints, start=1):
+            shared = shared_expressions(hint, solution)
+            assert not shared, f"{exercise_id}.{part.name} hint {level} writes the solution's code: {shared}"
+
+
+# The level-2 hints the issue found giving the solution away, word for word.
+GIVEN_AWAY = [
+    ("ex13", "torch.topk(logits, k, dim=-1).values[..., -1:] is each row's k-th largest value; every logit below "
+             "it is dropped (masked_fill with -inf)."),
+    ("ex13", "The predictions are logits[:, :-1], the targets tokens[:, 1:]. Flatten both and use F.cross_entropy."),
+    ("ex05", "Fill the blocked scores (where the mask is False: scores.masked_fill(~mask, value)) with "
+             "torch.finfo(scores.dtype).min rather than -inf, then zero the rows with no allowed key: "
+             "mask.any(dim=-1, keepdim=True) is False exactly there."),
+    ("ex05", "Write a helper causal_mask(L) = torch.ones(L, L, dtype=torch.bool).tril()."),
+]
+
+
+@pytest.mark.parametrize(("exercise_id", "hint"), GIVEN_AWAY)
+def test_the_hints_that_gave_the_solution_away_are_caught(exercise_id, hint):
+    shared = shared_expressions(hint, solution_code(NOTEBOOK_OF[exercise_id]))
+    assert shared and all(len(run.split()) >= RUN_TOKENS for run in shared), shared
+    # Naming what to use, without writing the line, passes.
+    assert not shared_expressions("use F.cross_entropy with ignore_index; dim=-1, sqrt(d_k), torch.topk",
+                                  solution_code(NOTEBOOK_OF[exercise_id]))

@@ -469,9 +469,11 @@ EXERCISE = Exercise(
             name="tiled_attention_step",
             points=3,
             summary="one block of keys/values folded into (accumulator, running max, running sum)",
-            hint="Scores for the block: query @ key.transpose(-2, -1) * scale. Your online_softmax_update gives "
-                 "the new maximum and sum. The accumulator is rescaled like the sum, by "
-                 "exp(running_max - new_max)[..., None], then gets exp(scores - new_max[..., None]) @ value.",
+            hint="Score the block: the queries times the block's keys transposed on their last two dimensions, times "
+                 "scale. Your online_softmax_update gives the new maximum and sum. The accumulator is rescaled like "
+                 "the sum, by the exponential of how far the maximum moved (old minus new, one factor per query row), "
+                 "then gets the block's exponentiated scores (each minus its row's new maximum) times the block's "
+                 "values.",
             make_cases=_step_cases,
             verify=_verify_step,
         ),
@@ -479,9 +481,9 @@ EXERCISE = Exercise(
             name="tiled_attention",
             points=3,
             summary="exact attention computed block by block, never forming the full score matrix",
-            hint="Loop over blocks of queries (query[..., q0:q0 + block_size, :]). For each, start from a zero "
-                 "accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values with "
-                 "your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
+            hint="Loop over blocks of block_size queries (slices along the query dimension, -2). For each, start from "
+                 "a zero accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values "
+                 "with your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
                  "Concatenate the query blocks along dim -2.",
             make_cases=_tiled_cases,
             verify=_verify_tiled,
