@@ -4,9 +4,11 @@ files, check cells and helpers from other cells, and the class summary (issue 24
 from __future__ import annotations
 
 import functools
+import html
 import inspect
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -14,6 +16,9 @@ import torch
 
 from attention_course.grading import get_exercise
 from attention_course.grading.checker import Checker
+from attention_course.grading.evaluate import CHECK_CELL_EDITED, assemble
+from attention_course.grading.grader import NotebookResult
+from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict
 from attention_course.grading.notebook_format import (
     BEGIN_SOLUTION,
     BUGGY,
@@ -23,6 +28,7 @@ from attention_course.grading.notebook_format import (
     cell_tags,
     notebook_exercise,
 )
+from attention_course.grading.report import Roster, class_summary, common_failures, feedback_html, feedback_markdown
 from attention_course.grading.spec import InputWatch, _TrackedRun
 from tests.grading.test_checks import SOLUTIONS, namespace_of, run_check
 
@@ -220,3 +226,84 @@ def test_the_hints_that_gave_the_solution_away_are_caught(exercise_id, hint):
     # Naming what to use, without writing the line, passes.
     assert not shared_expressions("use F.cross_entropy with ignore_index; dim=-1, sqrt(d_k), torch.topk",
                                   solution_code(NOTEBOOK_OF[exercise_id]))
+
+
+# --- c. feedback files: the first hint by default, none for a part lost to its check cell -----------------
+def _result(parts: list[PartVerdict], path: str = "ada@uni.edu/ex05.ipynb") -> NotebookResult:
+    return NotebookResult(path, "ex05", sum(v.score for v in parts), sum(v.max_score for v in parts), parts)
+
+
+def _failed(part: str, *messages: str, passed: int = 0, points: int = 2) -> PartVerdict:
+    cases = tuple(CaseVerdict(f"case {i}", message) for i, message in enumerate(messages))
+    cases += tuple(CaseVerdict(f"passing case {i}", None) for i in range(passed))
+    return PartVerdict(part, points, FAILED, f"failed {len(messages)} cases; first: {messages[0]}", cases)
+
+
+def test_feedback_gives_the_concept_hint_and_the_approach_only_when_asked():
+    ex = get_exercise("ex05")
+    part = ex.part("masked_softmax")
+    result = _result([_failed("masked_softmax", "row 1 of your weights sums to 0.5")])
+    default = feedback_markdown(result)
+    assert part.hints[0] in default and "Hint (concept):" in default
+    assert part.hints[1] not in default and "Hint 2" not in default
+    asked = feedback_markdown(result, hint_levels=2)
+    assert part.hints[0] in asked and part.hints[1] in asked and "Hint 2 (approach):" in asked
+    assert part.hints[1] not in feedback_html(result) and part.hints[1] in html.unescape(feedback_html(result,
+                                                                                                      hint_levels=2))
+
+
+def test_feedback_gives_no_hint_for_a_part_lost_to_an_edited_check_cell():
+    ex = get_exercise("ex05")
+    lost = PartVerdict("masked_softmax", 2, FAILED, f"{CHECK_CELL_EDITED}; restore the cell "
+                                                    "`check.masked_softmax(masked_softmax)` to earn this part's marks")
+    text = feedback_markdown(_result([lost, _failed("scaled_scores", "your scores are off by a factor 2")]),
+                             hint_levels=2)
+    section = text.split("## masked_softmax")[1].split("## ")[0]
+    assert "restore the cell" in section
+    assert "Hint" not in section and ex.part("masked_softmax").hints[0] not in text
+    assert ex.part("scaled_scores").hints[0] in text  # the other failed part keeps its hints
+
+
+def test_the_edited_check_cell_verdict_starts_with_the_marker():
+    ex = get_exercise("ex05")
+    result = SimpleNamespace(cell_errors={}, failures={}, outcomes={})
+    verdicts = assemble(ex, {"scaled_scores": "def scaled_scores(Q, K): pass"}, {"scaled_scores": []}, result,
+                        check_cells={"scaled_scores": False})
+    assert verdicts[0].message.startswith(CHECK_CELL_EDITED)
+
+
+# --- f. the instructor's summary: missing learners, the most common failure reasons -----------------------
+def test_summary_lists_the_roster_members_without_a_notebook():
+    roster = Roster([{"email": "ada@uni.edu", "learner_id": "s001", "name": "Ada L."},
+                     {"email": "bob@uni.edu", "learner_id": "s002", "name": "Bob M."},
+                     {"file": "ex05_carol.ipynb", "learner_id": "s003", "name": ""}])
+    results = [_result([_failed("scaled_scores", "off by 2")], path="/class/ada@uni.edu/ex05.ipynb")]
+    assert roster.missing([r.path for r in results]) == [("s002", "Bob M."), ("s003", "")]
+    summary = class_summary(results, roster=roster)
+    assert "Missing: 2 of the roster's 3 learners sent no notebook" in summary
+    assert "- s002 (Bob M.)" in summary and "- s003\n" in summary and "s001" not in summary
+    everyone = [_result([], path=p) for p in ("/c/ada@uni.edu/x.ipynb", "/c/bob@uni.edu/x.ipynb",
+                                              "/c/ex05_carol.ipynb")]
+    assert "Missing: 0 of the roster's 3" in class_summary(everyone, roster=roster)
+
+
+def test_summary_gives_the_three_most_common_failure_reasons_of_each_part():
+    said = {"inverted": "your mask is inverted: True must mean 'may attend'",
+            "sums": "row {} of your weights sums to {}",
+            "nan": "your output has NaN in row {}",
+            "shape": "expected shape (2, 3), got (3, 2)"}
+    verdicts = ([_failed("masked_softmax", said["sums"].format(i, 0.5 + i)) for i in range(4)]
+                + [_failed("masked_softmax", said["inverted"]) for _ in range(3)]
+                + [_failed("masked_softmax", said["nan"].format(i)) for i in range(2)]
+                + [_failed("masked_softmax", said["shape"])])
+    ranked = common_failures(verdicts)
+    assert [count for count, _ in ranked] == [4, 3, 2]
+    assert ranked[0][1] == said["sums"].format(0, 0.5) and ranked[1][1] == said["inverted"]
+    passing = PartVerdict("masked_softmax", 2, "passed", "all 3 cases passed")
+    results = [_result([v, PartVerdict("scaled_scores", 1, "passed", "all")], path=f"/c/{i}.ipynb")
+               for i, v in enumerate([*verdicts, passing])]
+    summary = class_summary(results)
+    block = summary.split("Most common reasons")[1]
+    assert "- masked_softmax:\n  1. (4) row 0 of your weights sums to 0.5\n  2. (3) your mask is inverted" in block
+    assert "3. (2) your output has NaN in row 0" in block and "expected shape" not in block
+    assert "- scaled_scores: no failures." in block

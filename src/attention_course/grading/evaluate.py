@@ -30,6 +30,7 @@ from attention_course.grading.learner_text import parse
 from attention_course.grading.spec import Case, Exercise, Part
 
 __all__ = [
+    "CHECK_CELL_EDITED",
     "assemble",
     "bound_names",
     "check_cell_ok",
@@ -39,6 +40,9 @@ __all__ = [
     "outside_names",
 ]
 
+#: How the verdict of a part lost to an edited or deleted check cell begins (its code was not judged, so
+#: feedback gives no hint for it: see :func:`attention_course.grading.report.feedback_markdown`).
+CHECK_CELL_EDITED = "its check cell was edited or deleted"
 _MISSING = "missing"  # sandbox.MISSING, repeated so that this module imports nothing that starts processes
 _TIME_LIMIT = re.compile(r"did not finish within the time limit of ([0-9.eE+-]+) s")
 
@@ -190,7 +194,7 @@ def assemble(
             verdict = failed_part(part, _failure_message(part, failure))
         if check_cells is not None and part.name in cells and not check_cells.get(part.name, False):
             # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
-            verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
+            verdict = failed_part(part, f"{CHECK_CELL_EDITED}; restore the cell "
                                         f"`check.{part.name}({part.function})` to earn this part's marks")
         verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing or part.all_or_nothing)
     # Cause attribution: a part that calls an earlier part's function which fails says so first.
