@@ -16,13 +16,23 @@ import torch
 
 from attention_course.grading import get_exercise
 from attention_course.grading.checker import Checker
-from attention_course.grading.evaluate import CHECK_CELL_EDITED, assemble
-from attention_course.grading.grader import NotebookResult
+from attention_course.grading.evaluate import (
+    CARRIED_MARK,
+    CHECK_CELL_EDITED,
+    assemble,
+    carried_definitions,
+    carried_note,
+    check_cell_ok,
+    outside_names,
+    with_carried,
+)
+from attention_course.grading.grader import NotebookResult, grade_notebook
 from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict
 from attention_course.grading.notebook_format import (
     BEGIN_SOLUTION,
     BUGGY,
     END_SOLUTION,
+    TAG_CHECK,
     TAG_GRADED,
     cell_part,
     cell_tags,
@@ -307,3 +317,92 @@ def test_summary_gives_the_three_most_common_failure_reasons_of_each_part():
     assert "- masked_softmax:\n  1. (4) row 0 of your weights sums to 0.5\n  2. (3) your mask is inverted" in block
     assert "3. (2) your output has NaN in row 0" in block and "expected shape" not in block
     assert "- scaled_scores: no failures." in block
+
+
+# --- d. check cells with extra lines; helpers and imports from other cells -----------------------------------
+@pytest.mark.parametrize(("source", "ok"), [
+    ("check.masked_softmax(masked_softmax)", True),
+    ("# my check\ncheck.masked_softmax(masked_softmax, hint=True)\n", True),
+    ("print(masked_softmax(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)))\n"
+     "check.masked_softmax(masked_softmax)\nimport time\nstart = time.time()", True),
+    ("%time x = 1\ncheck.masked_softmax(masked_softmax)", True),
+    ("", False),
+    ("check.masked_softmax(lambda s, m: torch.softmax(s, -1))", False),  # not the learner's function
+    ("masked_softmax = torch.softmax\ncheck.masked_softmax(masked_softmax)", False),  # rebinds it first
+    ("def masked_softmax(s, m):\n    return s\ncheck.masked_softmax(masked_softmax)", False),
+    ("from torch import softmax as scaled_scores\ncheck.masked_softmax(masked_softmax)", False),  # another part's
+    ("check = exercise('ex05')\ncheck.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax)\ncheck.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax)\ncheck._verdicts.clear()", False),
+    ("if True:\n    check.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax, hint='yes')", False),
+])
+def test_a_check_cell_may_hold_other_lines_that_leave_the_check_alone(source, ok):
+    functions = [part.function for part in get_exercise("ex05").parts]
+    assert check_cell_ok(source, "masked_softmax", "masked_softmax", functions) is ok
+
+
+def test_plain_helpers_and_imports_of_other_cells_are_carried_and_nothing_else():
+    graded = {"a": "def a(x):\n    return helper(x) + np.pi + THRESHOLD\n", "b": "def b(x):\n    return x\n"}
+    others = ["import numpy as np, os\nTHRESHOLD = 3\n",
+              "def helper(x):\n    return inner(x)\n\ndef inner(x):\n    return x * 2\n",
+              "def helper(x):  # the later definition wins, as in a kernel run top to bottom\n    return inner(x)\n",
+              "@staticmethod\ndef decorated(x):\n    return x\nclass Thing:\n    pass\n",
+              "def b(x):\n    return 0\ndef check(*a):\n    pass\n"]
+    carried = carried_definitions(graded, others, "import torch\n", ["a", "b"])
+    assert set(carried) == {"a"}
+    code, names = carried["a"]
+    assert names == ["np", "helper", "inner"]
+    assert "import numpy as np" in code and "os" not in code and "THRESHOLD" not in code
+    assert "def helper" in code and "def inner" in code and "return 0" not in code
+    scope: dict = {}
+    exec(with_carried(graded["a"], carried["a"]), scope)
+    assert callable(scope["a"]) and callable(scope["helper"]) and callable(scope["inner"])
+    assert "THRESHOLD" in outside_names([with_carried(graded["a"], carried["a"])], "import torch\n")
+    assert CARRIED_MARK in with_carried(graded["a"], carried["a"])
+    assert "`np`, `helper`, `inner` from your other cells" in carried_note(carried)
+    # A name that the graded cells or the preamble define is never carried (the graded cell's wins).
+    assert carried_definitions({"a": "import numpy as np\ndef a(x):\n    return helper(x)\n"},
+                               ["import math as np\ndef helper(x):\n    return x\n"], "", ["a"])["a"][1] == ["helper"]
+
+
+def _ex05_notebook(folder: Path, edit) -> Path:
+    path = ROOT / "exercises" / "solutions" / "ex05_scaling_and_masking.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    edit(nb)
+    out = folder / "ex05_scaling_and_masking.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
+def _cell(nb, tag: str, part: str):
+    return next(c for c in nb.cells if tag in cell_tags(c) and cell_part(c) == part)
+
+
+def test_the_grader_carries_helpers_keeps_the_rules_and_accepts_a_chatty_check_cell(tmp_path):
+    def edit(nb):
+        masked = _cell(nb, TAG_GRADED, "masked_softmax")
+        index = nb.cells.index(masked)
+        # The learner moved the whole function body into a helper in a scratch cell, with an import.
+        body = masked.source.split("### BEGIN SOLUTION\n")[1].split("    ### END SOLUTION")[0]
+        masked.source = ("def masked_softmax(scores, mask):\n    return softmax_helper(scores, mask)\n")
+        nb.cells.insert(index, nbformat.v4.new_code_cell(
+            "import numpy as np\nimport torch\n\ndef softmax_helper(scores, mask):\n"
+            f"    assert np.isfinite(1.0)\n{body}"))
+        # A debug line in a check cell that still calls the check.
+        check = _cell(nb, TAG_CHECK, "masked_softmax")
+        check.source = "print('about to check')\n" + check.source
+        # A helper in another cell that reaches for the course library: carried, then refused by the rule.
+        scores = _cell(nb, TAG_GRADED, "scaled_scores")
+        scores.source = "def scaled_scores(Q, K):\n    return borrowed(Q, K)\n"
+        nb.cells.insert(nb.cells.index(scores), nbformat.v4.new_code_cell(
+            "import attention_course as ac\n\ndef borrowed(Q, K):\n"
+            "    return ac.scaled_dot_product_attention(Q, K, K)[1]\n"))
+
+    result = grade_notebook(_ex05_notebook(tmp_path, edit), timeout=30, seed=3, isolation="auto")
+    verdicts = {v.part: v for v in result.parts}
+    assert verdicts["masked_softmax"].passed, verdicts["masked_softmax"].message
+    assert verdicts["scaled_scores"].score == 0 and "no marks" in verdicts["scaled_scores"].message
+    assert "ac.scaled_dot_product_attention" in verdicts["scaled_scores"].message
+    assert "`softmax_helper`" in result.message and "carried into the graded run" in result.message
+    assert "`np`" in result.message

@@ -28,7 +28,14 @@ from typing import Any
 
 import torch
 
-from attention_course.grading.evaluate import assemble, check_cell_ok, dependencies, outside_names
+from attention_course.grading.evaluate import (
+    assemble,
+    carried_definitions,
+    check_cell_ok,
+    dependencies,
+    outside_names,
+    with_carried,
+)
 from attention_course.grading.exercises import get_exercise
 from attention_course.grading.feedback import format_hint, format_overview, format_part, format_progress
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
@@ -79,6 +86,14 @@ def _kernel() -> Any:
     except ImportError:
         return None
     return get_ipython()
+
+
+def _history(shell: Any) -> list[str]:
+    """Every input the kernel ran, oldest first (where the learner's helpers and imports were written)."""
+    try:
+        return [text for text in shell.history_manager.input_hist_raw if isinstance(text, str)]
+    except Exception:
+        return []
 
 
 def _current_cell(shell: Any) -> str | None:
@@ -204,25 +219,38 @@ class Checker:
         sources = self._graded_sources(part, obj, notes)
         if part.name not in sources:
             return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again")
-        ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
-        # What the grader will not see: names from other cells, an edited check cell.
+        # Plain functions and imports from the learner's other cells travel with the graded cells, as in the
+        # grader (which reads them from the notebook; here they come from the kernel's history of inputs).
         namespace = self._learner_namespace()
+        shell = _kernel()
+        carried = carried_definitions(sources, _history(shell) if shell is not None else [], exercise.preamble,
+                                      [p.function for p in exercise.parts])
+        carried = {name: found for name, found in carried.items() if all(n in namespace for n in found[1])}
+        sources = {name: with_carried(source, carried.get(name)) for name, source in sources.items()}
+        ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
         involved = [part, *dependencies(exercise, sources).get(part.name, [])]
+        brought = list(dict.fromkeys(n for p in involved for n in carried.get(p.name, ("", []))[1]))
+        if brought:
+            names = ", ".join(f"`{name}`" for name in brought)
+            notes.append(f"Note: the graded code of this part uses {names} from another cell: the grader carries "
+                         f"plain functions and imports from your other cells into the graded run, and so does this "
+                         f"check. Anything else (a variable, a class) it does not carry: keep that in a graded cell.")
+        # What the grader will not see: names from other cells it does not carry, an edited check cell.
         missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble,
                                                          [sources[p.name] for p in involved if p.name in sources])
                          if name in namespace)
         if missing:
             names = ", ".join(f"`{name}`" for name in missing)
             notes.append(f"Warning: the graded code of this part uses {names}, defined in a cell the grader does not "
-                         f"run. The grader runs only the graded cells, after the exercise's own imports: move what "
-                         f"you need into a graded cell (a helper next to the function that uses it), or this part "
-                         f"fails there, as it does here.")
+                         f"run. The grader runs only the graded cells, after the exercise's own imports, and carries "
+                         f"only plain functions and imports from other cells: move what you need into a graded cell "
+                         f"(a helper next to the function that uses it), or this part fails there, as it does here.")
         check_cells = None
-        shell = _kernel()
         current = _current_cell(shell) if shell is not None else None
         if current is not None and "check." in current:
             check_cells = {p.name: True for p in exercise.parts}
-            check_cells[part.name] = check_cell_ok(current, part.name, part.function)
+            check_cells[part.name] = check_cell_ok(current, part.name, part.function,
+                                                   [p.function for p in exercise.parts])
         # Run this part and the earlier parts it calls (to name them as the cause when they fail).
         wanted = {part.name} | {dep.name for dep in dependencies(exercise, sources).get(part.name, [])}
         generator = torch.Generator().manual_seed(seed)
