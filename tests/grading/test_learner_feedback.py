@@ -27,7 +27,7 @@ from attention_course.grading.evaluate import (
     with_carried,
 )
 from attention_course.grading.grader import NotebookResult, grade_notebook
-from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict
+from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict, shape_words
 from attention_course.grading.notebook_format import (
     BEGIN_SOLUTION,
     BUGGY,
@@ -406,3 +406,48 @@ def test_the_grader_carries_helpers_keeps_the_rules_and_accepts_a_chatty_check_c
     assert "ac.scaled_dot_product_attention" in verdicts["scaled_scores"].message
     assert "`softmax_helper`" in result.message and "carried into the graded run" in result.message
     assert "`np`" in result.message
+
+
+# --- e. messages that say what is wrong --------------------------------------------------------------------
+def _ex13_with(part: str, old: str, new: str):
+    path = ROOT / "exercises" / "solutions" / "ex13_decoder_only_language_models.ipynb"
+    ex, namespace = namespace_of(path)
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if TAG_GRADED in cell_tags(c) and cell_part(c) == part)
+    assert cell.source.count(old) == 1
+    scope = dict(namespace)
+    exec(cell.source.replace(old, new), scope)
+    checker = Checker(ex, seed=0, isolated=False)
+    return checker, " ".join(run_check(checker, part, scope[ex.part(part).function]).split())
+
+
+def test_a_sampler_that_never_applies_top_p_is_told_so():
+    checker, text = _ex13_with("sample_next_token", "filtered = top_p_filter(filtered, top_p)", "pass")
+    assert not checker.passed("sample_next_token")
+    assert "which top-p = 0.6 removes" in text and "without the top-p filter" in text
+    assert "do not filter after drawing" not in text
+    checker, text = _ex13_with("sample_next_token", "filtered = top_k_filter(filtered, top_k)", "pass")
+    assert "which top-k = 2 removes" in text and "without the top-k filter" in text
+
+
+def test_a_cache_joined_along_the_wrong_dimension_is_explained_with_its_shapes():
+    checker, text = _ex13_with("cached_attention_step", "torch.cat([past_keys, k], dim=1)",
+                               "torch.cat([past_keys, k], dim=0)")
+    assert not checker.passed("cached_attention_step")
+    assert "shapes do not fit: you joined tensors (torch.cat or torch.stack) along dimension 0" in text
+    assert "one has size 4 where another has size 1" in text
+    assert "This case gives your function tensors of shapes (2, 1, 8), (8, 8), (8, 8), (8, 8), (2, 4, 8)" in text
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda: torch.zeros(6, 8) @ torch.zeros(4, 8), "a (6, 8) matrix by a (4, 8) matrix"),
+    (lambda: torch.zeros(2, 6, 8) @ torch.zeros(2, 4, 8), "must be (2, 8), yours are (2, 4)"),
+    (lambda: torch.zeros(2, 3) + torch.zeros(2, 4), "has sizes 3 and 4"),
+    (lambda: torch.zeros(7).view(2, 3), "7 numbers into the shape (2, 3)"),
+    (lambda: torch.zeros(2, 1, 8).expand(3, 1, 8), "a tensor of shape (2, 1, 8) to (3, 1, 8)"),
+])
+def test_pytorch_shape_errors_read_in_plain_words(make, words):
+    with pytest.raises(RuntimeError) as error:
+        make()
+    assert words in shape_words(str(error.value))
+    assert shape_words("CUDA out of memory") is None

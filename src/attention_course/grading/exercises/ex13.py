@@ -274,8 +274,15 @@ def _verify_sample(case: Case, output: Any) -> str | None:
             return f"token ids must lie in 0 .. {vocabulary - 1}"
         impossible = tokens[expected[tokens] == 0]
         if impossible.numel():
-            return (f"you drew token {int(impossible[0])}, which the filters remove (probability 0): sample from "
-                    "the filtered distribution, do not filter after drawing")
+            token = int(impossible[0])
+            for name, label in (("top_p", "top-p"), ("top_k", "top-k")):  # which filter the draws ignore
+                if kwargs[name] is not None and bool((_expected_probs(logits[0], **{**kwargs, name: None})
+                                                      [tokens] > 0).all()):
+                    return (f"you drew token {token}, which {label} = {kwargs[name]} removes (probability 0): "
+                            f"your draws come from a distribution without the {label} filter; when {name} is "
+                            f"given, apply your {name}_filter to the logits before the softmax you draw from")
+            return (f"you drew token {token}, which the filters remove (probability 0): draw from the softmax "
+                    "of the filtered logits")
         counts = torch.bincount(tokens, minlength=vocabulary)
         frequencies = counts.double() / DRAWS
         if chi_square_p_value(counts, expected * DRAWS) < SAMPLING_SIGNIFICANCE:
