@@ -27,7 +27,9 @@ from attention_course.grading.evaluate import (
     with_carried,
 )
 from attention_course.grading.grader import NotebookResult, grade_notebook
+from attention_course.grading.isolation import Limits
 from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict, shape_words
+from attention_course.grading.launcher import SandboxPool
 from attention_course.grading.notebook_format import (
     BEGIN_SOLUTION,
     BUGGY,
@@ -451,3 +453,29 @@ def test_pytorch_shape_errors_read_in_plain_words(make, words):
         make()
     assert words in shape_words(str(error.value))
     assert shape_words("CUDA out of memory") is None
+
+
+# --- g. the notebook check's worker is started ahead of need, after the check before it --------------------
+def test_a_pool_taken_without_refill_starts_the_replacement_only_when_asked(monkeypatch):
+    started: list[object] = []
+
+    class Fake:
+        def poll(self):
+            return None
+
+        def kill(self):
+            pass
+
+    def start(self):
+        started.append(Fake())
+        return started[-1]
+
+    monkeypatch.setattr(SandboxPool, "_start", start)
+    workers = SandboxPool(True, Limits(), 1000, size=1)
+    workers.fill()
+    assert len(started) == 1
+    first = workers.take(refill=False)
+    assert first is started[0] and len(started) == 1 and not workers._warm  # nothing competes with the check
+    workers.fill()  # after the check (run_parts(warm_after=True))
+    assert len(started) == 2 and workers._warm == [started[1]]
+    assert workers.take() is started[1] and len(started) == 3  # the grader's order: replace at once

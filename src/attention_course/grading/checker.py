@@ -6,7 +6,9 @@ runs them after the exercise's trusted preamble in a fresh process, through the 
 (:func:`attention_course.grading.sandbox.run_parts` and :func:`attention_course.grading.evaluate.assemble`),
 and prints one line per case, a result line and a progress line. That process has a time limit per part,
 so an infinite loop is stopped and named; where the operating system's sandbox is not available (Colab,
-macOS) it runs unisolated, and the check says so once.
+macOS) it runs unisolated, and the check says so once. The worker is started ahead of need (by
+``exercise(...)``, then by each check for the next one), so a check does not wait for Python and PyTorch to
+start: each worker still serves one check only.
 
 Where the learner's code depends on something the grader will not see (a helper or an import in another
 cell, an edited check cell), the check says so in words. Outside a notebook kernel (a function whose cell
@@ -259,7 +261,7 @@ class Checker:
         to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
         limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
         result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, isolation="auto",
-                                   allowed=exercise_allowed(exercise.id))
+                                   allowed=exercise_allowed(exercise.id), warm=1, warm_after=True)
         isolated_by_os = getattr(result, "isolated", None)
         if isolated_by_os is False:
             self._say_once(notes, "unisolated",
@@ -315,6 +317,13 @@ def exercise(exercise_id: str, seed: int | None = None, time_limit: float | None
     """
     checker = Checker(get_exercise(exercise_id), seed=seed, time_limit=time_limit)
     ex = checker._exercise
+    if _kernel() is not None:  # in a notebook: start the first check's worker while the learner writes code
+        from attention_course.grading import sandbox
+
+        try:
+            sandbox.prewarm()
+        except Exception:  # a check starts its own worker anyway
+            pass
     print(f"Checks for {ex.id} ({ex.title}) are ready: {len(ex.parts)} parts, {ex.max_score} points. "
           f"Each check runs your graded cells the way the grader does. Run check.progress() at any time.")
     return checker
