@@ -117,17 +117,23 @@ LEARNERS = [
     }, before={"hard_attention_weights": """\
 def one_hot_of_first_max(scores):
     return F.one_hot(scores.argmax(dim=-1), num_classes=scores.shape[-1]).to(scores.dtype)"""},
-        expect={"hard_attention_weights": "zero"},
-        shown=("`one_hot_of_first_max`, defined in a cell the grader does not run",)),
+        # A helper in another cell is carried into the graded run (and the learner told so); a debug print
+        # in a check cell that still calls the check is fine.
+        checks={"attention_pooling": "print('checking attention_pooling')\n"
+                                     "check.attention_pooling(attention_pooling)  # debug line above"},
+        shown=("uses `one_hot_of_first_max` from another cell: the grader carries plain functions and imports",
+               "checking attention_pooling")),
     Learner("ex03_einsum_and_an_import_cell", EX03, answers={
         "soft_lookup": """\
-    weights = torch.softmax(beta * torch.einsum('...md,...nd->...mn', query, keys), dim=-1)
+    weights = torch.softmax(SHARPNESS * beta * torch.einsum('...md,...nd->...mn', query, keys), dim=-1)
     return torch.einsum('...mn,...nv->...mv', weights, values), weights""",
         "hard_lookup": """\
-    best = np.asarray((query @ keys.transpose(-2, -1)).argmax(dim=-1))
-    return values[..., torch.as_tensor(best), :]""",
-    }, before={"hard_lookup": "import numpy as np"},
-        expect={"hard_lookup": "zero"}, shown=("`np`, defined in a cell the grader does not run",)),
+    best = torch.as_tensor(np.asarray((query @ keys.transpose(-2, -1)).argmax(dim=-1)))
+    return torch.gather(values, -2, best[..., None].expand(*best.shape, values.shape[-1]))""",
+    }, before={"hard_lookup": "import numpy as np\nSHARPNESS = 1.0  # a variable is not carried"},
+        expect={"soft_lookup": "zero"},
+        shown=("uses `np` from another cell: the grader carries plain functions and imports",
+               "`SHARPNESS`, defined in a cell the grader does not run")),
     Learner("ex04_float64_inplace_and_comments", EX04, answers={
         "attention_matrix_form": """\
     scores = (Q.double() @ K.double().transpose(-2, -1)) / math.sqrt(Q.shape[-1])
@@ -138,7 +144,8 @@ def one_hot_of_first_max(scores):
     weights = torch.softmax(K @ q, dim=-1)
     return weights @ V, weights""",
     }, checks={"split_fused_projection": "# my check, with a comment\ncheck.split_fused_projection(split_fused_projection)",
-               "project_qkv": "check.project_qkv(project_qkv)\nprint('done')"},
+               # Extra lines are fine in a check cell (see ex02's learner); an edited call is not.
+               "project_qkv": "print('done')\ncheck.project_qkv(project_qkv, hint=1)"},
         expect={"attend_one_query": "zero", "project_qkv": "zero"},
         shown=("changed its input `q` in place", "its check cell was edited or deleted")),
     Learner("ex04_wrong_softmax_axis", EX04, answers={

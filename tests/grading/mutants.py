@@ -482,6 +482,8 @@ MUTANTS = [
            "layer.self_attention(x, x, x, mask=self_mask)", "layer.self_attention(x, x, x)"),
     Mutant("ex10_layer_always_post_norm", "ex10_decoder_and_transformer", "decoder_layer_forward",
            "if layer.norm_first:", "if False:"),
+    Mutant("ex10_layer_residual_in_place", "ex10_decoder_and_transformer", "decoder_layer_forward",
+           "y = y + self_attention(layer.norm1(y))", "y += self_attention(layer.norm1(y))"),
     Mutant("ex10_layer_no_feed_forward_residual", "ex10_decoder_and_transformer", "decoder_layer_forward",
            "return layer.norm3(y + layer.feed_forward(y))", "return layer.norm3(layer.feed_forward(y))"),
     Mutant("ex10_greedy_no_padding_after_eos", "ex10_decoder_and_transformer", "greedy_decode",

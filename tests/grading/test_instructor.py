@@ -70,7 +70,7 @@ def graded(tmp_path_factory):
     shutil.copy(SOLUTIONS / EX06, folder / "ex02_from_carol.ipynb")  # metadata says ex06
     roster = folder.parent / f"{folder.name}-roster.csv"
     roster.write_text("email,file,learner_id,name\nada@uni.edu,,s001,Ada L.\nbob@uni.edu,,s002,Bob M.\n"
-                      ",ex02_from_carol.ipynb,s003,Carol N.\n", encoding="utf-8")
+                      ",ex02_from_carol.ipynb,s003,Carol N.\ndan@uni.edu,,s004,Dan O.\n", encoding="utf-8")
     out = folder.parent / f"{folder.name}-out"
     run = _cli(str(folder), "--roster", str(roster), "--csv", str(out / "grades.csv"), "--json",
                str(out / "grades.json"), "--summary", str(out / "summary"), "--feedback", str(out / "feedback"),
@@ -115,6 +115,11 @@ def test_all_or_nothing_gives_a_failed_part_no_points(graded):
 def test_class_summary_and_histogram(graded):
     summary = (graded["out"] / "summary" / "summary.md").read_text()
     assert "## ex02" in summary and "| soft_attention_weights |" in summary and "pass rate" in summary
+    # The roster's learner who sent nothing is listed; each part's commonest reasons for losing marks follow.
+    assert "Missing: 1 of the roster's 4 learners sent no notebook" in summary and "- s004 (Dan O.)" in summary
+    assert "no notebook from 1 learner(s) of the roster: s004 (Dan O.)" in graded["stdout"]
+    part = graded["mutant"].part
+    assert f"- {part}:\n  1. (1) " in summary and "- attention_pooling: no failures." in summary
     png = graded["out"] / "summary" / "scores.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -126,6 +131,7 @@ def test_one_feedback_file_per_learner_with_failed_cases_and_hints(graded):
     part = get_exercise("ex02").part(graded["mutant"].part)
     assert "Bob M." in bob and f"## {part.name}" in bob and "Hint (concept):" in bob
     assert part.hints[0] in bob
+    assert part.hints[1] not in bob and "Hint 2" not in bob  # the approach only with --feedback-approach-hints
     assert "## attention_pooling" not in bob  # passed parts get no section
 
 

@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "gqa_kv_cache_bytes": "gqa_kv_cache",
     "mha_vs_torch_time_ratio": "mha",
     "grading_seconds_per_notebook": "grading",
+    "notebook_check_seconds": "notebook_check",
     "decoder_lm": "decoder_lm",
     "induction_heads": "induction",
     "serving": "serving",

@@ -3,8 +3,9 @@
 Each PATH is a notebook or a folder (searched recursively for *.ipynb, skipping checkpoints). Prints a
 score table; ``--json`` and ``--csv`` also write the results to files. ``--roster`` names the learners
 (CSV: ``file`` or ``email``, ``learner_id``, ``name``), ``--summary DIR`` writes a class summary with a
-histogram, ``--feedback DIR`` one feedback file per learner. Parts earn marks per case passed unless
-``--all-or-nothing``. Exit status 0 once grading is complete, whatever the scores; 1 when there was
+histogram (the roster's learners who sent nothing are listed as missing), ``--feedback DIR`` one feedback
+file per learner (first-level hints; ``--feedback-approach-hints`` adds the second). Parts earn marks per case
+passed unless ``--all-or-nothing``. Exit status 0 once grading is complete, whatever the scores; 1 when there was
 nothing to grade; 2 for bad arguments (an unreadable roster included); 3 when learners' code
 cannot be isolated (bubblewrap missing: see ``make grader-deps``, or ``--no-sandbox``).
 """
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feedback", type=Path, metavar="DIR", help="write one feedback file per learner to DIR")
     parser.add_argument("--feedback-format", choices=["md", "html"], default="md",
                         help="feedback files as Markdown (default) or HTML")
+    parser.add_argument("--feedback-approach-hints", action="store_true",
+                        help="feedback files also give each failed part's second hint, the approach (default: "
+                             "only the first, the concept, as a learner's first check.hint does)")
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.jobs < 1 or args.output_limit < 0 or (args.budget is not None and args.budget <= 0):
         parser.error("--timeout and --budget must be > 0, --jobs >= 1 and --output-limit >= 0")
@@ -95,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write(args.csv, to_csv(results, roster))
     if args.summary:
-        write(args.summary / "summary.md", class_summary(results, figure=args.summary / "scores.png"))
+        write(args.summary / "summary.md", class_summary(results, figure=args.summary / "scores.png", roster=roster))
     if args.feedback:
-        feedback_files(results, args.feedback, roster, args.feedback_format)
+        feedback_files(results, args.feedback, roster, args.feedback_format,
+                       hint_levels=2 if args.feedback_approach_hints else 1)
+    if roster is not None:
+        missing = roster.missing([r.path for r in results])
+        if missing:
+            print(f"\nno notebook from {len(missing)} learner(s) of the roster: "
+                  + ", ".join(learner_id + (f" ({name})" if name else "") for learner_id, name in missing))
     total = round(sum(r.score for r in results), 2)
     print(f"\ngraded {len(results)} notebook(s); total {total:g}/{sum(r.max_score for r in results)} points")
     return 0

@@ -6,7 +6,9 @@ runs them after the exercise's trusted preamble in a fresh process, through the 
 (:func:`attention_course.grading.sandbox.run_parts` and :func:`attention_course.grading.evaluate.assemble`),
 and prints one line per case, a result line and a progress line. That process has a time limit per part,
 so an infinite loop is stopped and named; where the operating system's sandbox is not available (Colab,
-macOS) it runs unisolated, and the check says so once.
+macOS) it runs unisolated, and the check says so once. The worker is started ahead of need (by
+``exercise(...)``, then by each check for the next one), so a check does not wait for Python and PyTorch to
+start: each worker still serves one check only.
 
 Where the learner's code depends on something the grader will not see (a helper or an import in another
 cell, an edited check cell), the check says so in words. Outside a notebook kernel (a function whose cell
@@ -28,7 +30,14 @@ from typing import Any
 
 import torch
 
-from attention_course.grading.evaluate import assemble, check_cell_ok, dependencies, outside_names
+from attention_course.grading.evaluate import (
+    assemble,
+    carried_definitions,
+    check_cell_ok,
+    dependencies,
+    outside_names,
+    with_carried,
+)
 from attention_course.grading.exercises import get_exercise
 from attention_course.grading.feedback import format_hint, format_overview, format_part, format_progress
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
@@ -79,6 +88,14 @@ def _kernel() -> Any:
     except ImportError:
         return None
     return get_ipython()
+
+
+def _history(shell: Any) -> list[str]:
+    """Every input the kernel ran, oldest first (where the learner's helpers and imports were written)."""
+    try:
+        return [text for text in shell.history_manager.input_hist_raw if isinstance(text, str)]
+    except Exception:
+        return []
 
 
 def _current_cell(shell: Any) -> str | None:
@@ -204,25 +221,38 @@ class Checker:
         sources = self._graded_sources(part, obj, notes)
         if part.name not in sources:
             return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again")
-        ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
-        # What the grader will not see: names from other cells, an edited check cell.
+        # Plain functions and imports from the learner's other cells travel with the graded cells, as in the
+        # grader (which reads them from the notebook; here they come from the kernel's history of inputs).
         namespace = self._learner_namespace()
+        shell = _kernel()
+        carried = carried_definitions(sources, _history(shell) if shell is not None else [], exercise.preamble,
+                                      [p.function for p in exercise.parts])
+        carried = {name: found for name, found in carried.items() if all(n in namespace for n in found[1])}
+        sources = {name: with_carried(source, carried.get(name)) for name, source in sources.items()}
+        ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
         involved = [part, *dependencies(exercise, sources).get(part.name, [])]
+        brought = list(dict.fromkeys(n for p in involved for n in carried.get(p.name, ("", []))[1]))
+        if brought:
+            names = ", ".join(f"`{name}`" for name in brought)
+            notes.append(f"Note: the graded code of this part uses {names} from another cell: the grader carries "
+                         f"plain functions and imports from your other cells into the graded run, and so does this "
+                         f"check. Anything else (a variable, a class) it does not carry: keep that in a graded cell.")
+        # What the grader will not see: names from other cells it does not carry, an edited check cell.
         missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble,
                                                          [sources[p.name] for p in involved if p.name in sources])
                          if name in namespace)
         if missing:
             names = ", ".join(f"`{name}`" for name in missing)
             notes.append(f"Warning: the graded code of this part uses {names}, defined in a cell the grader does not "
-                         f"run. The grader runs only the graded cells, after the exercise's own imports: move what "
-                         f"you need into a graded cell (a helper next to the function that uses it), or this part "
-                         f"fails there, as it does here.")
+                         f"run. The grader runs only the graded cells, after the exercise's own imports, and carries "
+                         f"only plain functions and imports from other cells: move what you need into a graded cell "
+                         f"(a helper next to the function that uses it), or this part fails there, as it does here.")
         check_cells = None
-        shell = _kernel()
         current = _current_cell(shell) if shell is not None else None
         if current is not None and "check." in current:
             check_cells = {p.name: True for p in exercise.parts}
-            check_cells[part.name] = check_cell_ok(current, part.name, part.function)
+            check_cells[part.name] = check_cell_ok(current, part.name, part.function,
+                                                   [p.function for p in exercise.parts])
         # Run this part and the earlier parts it calls (to name them as the cause when they fail).
         wanted = {part.name} | {dep.name for dep in dependencies(exercise, sources).get(part.name, [])}
         generator = torch.Generator().manual_seed(seed)
@@ -231,7 +261,7 @@ class Checker:
         to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
         limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
         result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, isolation="auto",
-                                   allowed=exercise_allowed(exercise.id))
+                                   allowed=exercise_allowed(exercise.id), warm=1, warm_after=True)
         isolated_by_os = getattr(result, "isolated", None)
         if isolated_by_os is False:
             self._say_once(notes, "unisolated",
@@ -287,6 +317,13 @@ def exercise(exercise_id: str, seed: int | None = None, time_limit: float | None
     """
     checker = Checker(get_exercise(exercise_id), seed=seed, time_limit=time_limit)
     ex = checker._exercise
+    if _kernel() is not None:  # in a notebook: start the first check's worker while the learner writes code
+        from attention_course.grading import sandbox
+
+        try:
+            sandbox.prewarm()
+        except Exception:  # a check starts its own worker anyway
+            pass
     print(f"Checks for {ex.id} ({ex.title}) are ready: {len(ex.parts)} parts, {ex.max_score} points. "
           f"Each check runs your graded cells the way the grader does. Run check.progress() at any time.")
     return checker

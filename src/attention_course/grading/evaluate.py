@@ -19,9 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
-import io
 import re
-import tokenize
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,15 +28,23 @@ from attention_course.grading.learner_text import parse
 from attention_course.grading.spec import Case, Exercise, Part
 
 __all__ = [
+    "CHECK_CELL_EDITED",
+    "CARRIED_MARK",
     "assemble",
     "bound_names",
+    "carried_definitions",
+    "carried_note",
     "check_cell_ok",
     "dependencies",
     "exercise_mismatch",
     "loaded_names",
     "outside_names",
+    "with_carried",
 ]
 
+#: How the verdict of a part lost to an edited or deleted check cell begins (its code was not judged, so
+#: feedback gives no hint for it: see :func:`attention_course.grading.report.feedback_markdown`).
+CHECK_CELL_EDITED = "its check cell was edited or deleted"
 _MISSING = "missing"  # sandbox.MISSING, repeated so that this module imports nothing that starts processes
 _TIME_LIMIT = re.compile(r"did not finish within the time limit of ([0-9.eE+-]+) s")
 
@@ -107,24 +113,133 @@ def dependencies(exercise: Exercise, cells: Mapping[str, str]) -> dict[str, list
 
 
 # --- the check-cell rule --------------------------------------------------------------------------------
-def _code_only(source: str) -> str:
-    """The source without comments and blank lines (a comment added to a check cell changes nothing)."""
-    try:
-        tokens = [tok for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if tok.type != tokenize.COMMENT]
-        source = tokenize.untokenize(tokens)
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass
-    return "\n".join(line.rstrip() for line in source.splitlines() if line.strip()).strip()
+def _is_the_check_call(node: ast.stmt, part: str, function: str) -> bool:
+    """Whether ``node`` is the statement ``check.<part>(<function>)``, optionally with ``hint=True``/``False``."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return False
+    call = node.value
+    return (isinstance(call.func, ast.Attribute) and call.func.attr == part
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == "check"
+            and len(call.args) == 1 and isinstance(call.args[0], ast.Name) and call.args[0].id == function
+            and all(keyword.arg == "hint" and isinstance(keyword.value, ast.Constant)
+                    and isinstance(keyword.value.value, bool) for keyword in call.keywords)
+            and len(call.keywords) <= 1)
 
 
-def check_cell_ok(source: Any, part: str, function: str) -> bool:
-    """Whether ``source`` is the part's check cell as handed out: ``check.<part>(<function>)``, optionally
-    with ``hint=True``/``False``; comments and blank lines are allowed, nothing else."""
+def check_cell_ok(source: Any, part: str, function: str, functions: Sequence[str] = ()) -> bool:
+    """Whether ``source`` still is the part's check cell: it calls ``check.<part>(<function>)`` (optionally with
+    ``hint=True``/``False``) once, as a statement of its own. Other lines are allowed (a debug ``print``, a
+    comment, a timing), as long as none of them touches ``check`` or binds a name that matters to the check:
+    ``check``, ``exercise``, ``function`` or any of the exercise's ``functions`` (a cell that redefines the
+    function before checking it would be judging other code than the graded cell's)."""
     if not isinstance(source, str):
         return False
-    call = re.compile(rf"check\.{re.escape(part)}\(\s*{re.escape(function)}\s*(,\s*hint\s*=\s*(True|False)\s*)?,?\s*\)")
-    return call.fullmatch(_code_only(source)) is not None
+    tree = _parse(source)
+    if tree is None:
+        return False
+    calls = [node for node in tree.body if _is_the_check_call(node, part, function)]
+    if len(calls) != 1:
+        return False
+    protected = {"check", "exercise", function, *functions}
+    for node in tree.body:
+        if node is calls[0]:
+            continue
+        names = {child.id for child in ast.walk(node) if isinstance(child, ast.Name)}
+        bound: set[str] = set()
+        for child in ast.walk(node):
+            if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
+                bound.add(child.id)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(child.name)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                bound |= {(alias.asname or alias.name).split(".")[0] for alias in child.names}
+            elif isinstance(child, (ast.Global, ast.Nonlocal)):
+                bound |= set(child.names)
+        if "check" in names or bound & protected:
+            return False
+    return True
+
+
+# --- helpers and imports from the learner's other cells ----------------------------------------------
+def _definitions(source: str) -> list[tuple[str, str]]:
+    """``(name, statement)`` for each top-level plain function definition (no decorator) and each import
+    (one statement per name bound; no ``*``, no relative import) of a cell, in order."""
+    tree = _parse(source)
+    found: list[tuple[str, str]] = []
+    if tree is None:
+        return found
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.decorator_list:
+            found.append((node.name, ast.unparse(node)))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(((alias.asname or alias.name).split(".")[0], ast.unparse(ast.Import(names=[alias]))))
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.name != "*":
+                    statement = ast.ImportFrom(module=node.module, names=[alias], level=0)
+                    found.append((alias.asname or alias.name, ast.unparse(statement)))
+    return found
+
+
+def carried_definitions(graded: Mapping[str, str], others: Sequence[str], preamble: str,
+                        functions: Sequence[str] = ()) -> dict[str, tuple[str, list[str]]]:
+    """What of the learner's other cells each graded cell needs: part -> ``(code, names)``, where ``code`` holds
+    the top-level plain ``def``s and imports (from ``others``, the last definition of a name winning, as in a
+    kernel run top to bottom) that the part's cell uses and neither the graded cells nor the preamble define,
+    with the helpers those helpers use. Parts that need nothing are absent.
+
+    The code is put at the top of the part's own graded cell (see :func:`with_carried`), so it runs under that
+    part's rules: the run-time import guard and the library rule read it as the part's code. Nothing else is
+    carried (no assignment, class or decorated function), and no name the check relies on (``check``,
+    ``exercise``, the exercise's ``functions``)."""
+    defined = bound_names(preamble) | set(dir(builtins)) | {"__name__", "__file__", "get_ipython", "display"}
+    for source in graded.values():
+        defined |= bound_names(source)
+    protected = {"check", "exercise", *functions}
+    available: dict[str, str] = {}
+    for source in others:
+        for name, statement in _definitions(source):
+            if name not in defined and name not in protected:
+                available[name] = statement
+    carried: dict[str, tuple[str, list[str]]] = {}
+    for part, source in graded.items():
+        wanted = sorted(loaded_names(source) - defined)
+        names: list[str] = []
+        while wanted:
+            name = wanted.pop(0)
+            if name in names or name not in available:
+                continue
+            names.append(name)
+            statement = available[name]
+            wanted += sorted(loaded_names(statement) - bound_names(statement) - defined - set(names))
+        if names:
+            ordered = [name for name in available if name in names]  # notebook order
+            imports = [available[n] for n in ordered if not available[n].startswith("def ")]
+            defs = [available[n] for n in ordered if available[n].startswith("def ")]
+            carried[part] = ("\n".join([*imports, *defs]) + "\n", ordered)
+    return carried
+
+
+#: The line that starts the code carried into a graded cell.
+CARRIED_MARK = "# carried into the graded run from your other cells:"
+
+
+def with_carried(source: str, carried: tuple[str, list[str]] | None) -> str:
+    """The graded cell ``source`` with the code :func:`carried_definitions` found for it at its top."""
+    if not carried:
+        return source
+    return f"{CARRIED_MARK} {', '.join(carried[1])}\n{carried[0]}\n{source}"
+
+
+def carried_note(carried: Mapping[str, tuple[str, list[str]]]) -> str:
+    """What the learner is told about the code carried in, or ``""``."""
+    if not carried:
+        return ""
+    names = ", ".join(f"`{name}`" for name in dict.fromkeys(n for _, found in carried.values() for n in found))
+    return (f"{names} from your other cells (a function definition or an import) carried into the graded run; "
+            f"the grader carries only plain functions and imports: keep anything else your graded code needs "
+            f"in its graded cell")
 
 
 def exercise_mismatch(chosen: str, metadata_id: str | None, forced: bool, guessed: str | None = None) -> str | None:
@@ -190,7 +305,7 @@ def assemble(
             verdict = failed_part(part, _failure_message(part, failure))
         if check_cells is not None and part.name in cells and not check_cells.get(part.name, False):
             # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
-            verdict = failed_part(part, f"its check cell was edited or deleted; restore the cell "
+            verdict = failed_part(part, f"{CHECK_CELL_EDITED}; restore the cell "
                                         f"`check.{part.name}({part.function})` to earn this part's marks")
         verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing or part.all_or_nothing)
     # Cause attribution: a part that calls an earlier part's function which fails says so first.

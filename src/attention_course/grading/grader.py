@@ -34,7 +34,14 @@ from pathlib import Path
 import nbformat
 import torch
 
-from attention_course.grading.evaluate import assemble, check_cell_ok, exercise_mismatch
+from attention_course.grading.evaluate import (
+    assemble,
+    carried_definitions,
+    carried_note,
+    check_cell_ok,
+    exercise_mismatch,
+    with_carried,
+)
 from attention_course.grading.exercises import exercise_ids, get_exercise
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text, read_submission
 from attention_course.grading.judge import PartVerdict, failed_part
@@ -140,11 +147,26 @@ def _graded_cells(nb: nbformat.NotebookNode, exercise: Exercise) -> tuple[list[t
     return cells, note if cells else ""
 
 
-def _check_cell_intact(nb: nbformat.NotebookNode, part: str, function: str) -> bool:
-    """Whether the notebook still has the part's check cell as handed out (see :func:`evaluate.check_cell_ok`).
-    Found by content, so an editor that dropped the cell tags does not matter."""
-    return any(cell.get("cell_type") == "code" and check_cell_ok(cell.get("source"), part, function)
+def _check_cell_intact(nb: nbformat.NotebookNode, part: str, function: str, functions: Sequence[str] = ()) -> bool:
+    """Whether the notebook still has the part's check cell (see :func:`evaluate.check_cell_ok`). Found by
+    content, so an editor that dropped the cell tags does not matter."""
+    return any(cell.get("cell_type") == "code" and check_cell_ok(cell.get("source"), part, function, functions)
                for cell in nb.cells)
+
+
+def _carry(nb: nbformat.NotebookNode, exercise: Exercise, cells: list[tuple[int, str, str]]) \
+        -> tuple[list[tuple[int, str, str]], str]:
+    """The graded cells with the plain functions and imports they use from the notebook's other cells put at
+    their top (:func:`evaluate.carried_definitions`), and the note that tells the learner so."""
+    graded: dict[str, str] = {}
+    for _, part, source in cells:
+        graded[part] = graded.get(part, "") + source + "\n"
+    indices = {index for index, _, _ in cells}
+    others = [cell.source for index, cell in enumerate(nb.cells)
+              if index not in indices and cell.get("cell_type") == "code" and isinstance(cell.get("source"), str)]
+    carried = carried_definitions(graded, others, exercise.preamble, [part.function for part in exercise.parts])
+    return [(index, part, with_carried(source, carried.get(part))) for index, part, source in cells], \
+        carried_note(carried)
 
 
 def _fail(path: Path, message: str, exercise: Exercise | None = None, seed: int | None = None) -> NotebookResult:
@@ -260,7 +282,8 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
         return dataclasses.replace(_fail(path, mismatch, get_exercise(chosen), seed), sha256=sha256, isolated=isolated)
     exercise = get_exercise(chosen)
     cells, note = _graded_cells(nb, exercise)
-    note = "; ".join(filter(None, [mismatch, note]))
+    cells, carried = _carry(nb, exercise, cells)
+    note = "; ".join(filter(None, [mismatch, note, carried]))
     present = {part for _, part, _ in cells}
 
     generator = torch.Generator().manual_seed(seed)
@@ -271,7 +294,8 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
                         budget=budget)
 
     sources = {part: source for _, part, source in cells}
-    check_cells = {part.name: _check_cell_intact(nb, part.name, part.function) for part in exercise.parts}
+    functions = [part.function for part in exercise.parts]
+    check_cells = {part.name: _check_cell_intact(nb, part.name, part.function, functions) for part in exercise.parts}
     verdicts = assemble(exercise, sources, cases, sandbox, check_cells, all_or_nothing)
     # The library rule (library_rules): a part whose cell uses a course-library name it may not earns nothing.
     broken = broken_parts(exercise.id, exercise.preamble, cells)

@@ -7,9 +7,12 @@ Judging never trusts the learner's process: it receives only wire-form outcomes
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from attention_course.grading.spec import Case, Part
 from attention_course.grading.wire import is_wire
@@ -69,10 +72,61 @@ class PartVerdict:
         return self.status == PASSED
 
 
-def _error_message(outcome: dict[str, Any]) -> str:
+#: PyTorch's shape errors, and what each means in plain words (the groups are the sizes it names).
+_SHAPE_ERRORS = (
+    (re.compile(r"Sizes of tensors must match except in dimension (-?\d+)\. Expected size (\d+) but got size (\d+)"),
+     lambda m: (f"you joined tensors (torch.cat or torch.stack) along dimension {m[1]}, but they must agree in "
+                f"every other dimension, and one has size {m[2]} where another has size {m[3]}: check which "
+                f"dimension you join along")),
+    (re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)"),
+     lambda m: (f"you multiplied a ({m[1]}, {m[2]}) matrix by a ({m[3]}, {m[4]}) matrix: the first one's last "
+                f"size ({m[2]}) must equal the second one's first size ({m[3]}); is one of them transposed?")),
+    (re.compile(r"Expected size for first two dimensions of batch2 tensor to be: \[(\d+), (\d+)\] but got: "
+                r"\[(\d+), (\d+)\]"),
+     lambda m: (f"in a batched matrix product the second tensor's batch and row sizes must be ({m[1]}, {m[2]}), "
+                f"yours are ({m[3]}, {m[4]}): the first one's last size must equal the second one's "
+                f"second-to-last size; is one of them transposed?")),
+    (re.compile(r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton "
+                r"dimension (\d+)"),
+     lambda m: (f"you combined two tensors element by element whose dimension {m[3]} (counted from the right "
+                f"end's alignment) has sizes {m[1]} and {m[2]}: sizes must be equal, or one of them 1, to broadcast")),
+    (re.compile(r"shape '\[([-\d, ]*)\]' is invalid for input of size (\d+)"),
+     lambda m: f"you reshaped (view or reshape) {m[2]} numbers into the shape ({m[1]}), which does not hold {m[2]}"),
+    (re.compile(r"The expanded size of the tensor \((\d+)\) must match the existing size \((\d+)\).*Target "
+                r"sizes: \[([-\d, ]*)\]\.\s+Tensor sizes: \[([-\d, ]*)\]"),
+     lambda m: f"you expanded a tensor of shape ({m[4]}) to ({m[3]}): only dimensions of size 1 can grow"),
+)
+
+
+def _shapes(value: Any, depth: int = 0) -> list[str]:
+    if isinstance(value, torch.Tensor):
+        return [str(tuple(value.shape))]
+    if depth < 2 and isinstance(value, (list, tuple)):
+        return [shape for item in value for shape in _shapes(item, depth + 1)]
+    return []
+
+
+def shape_words(message: str, case: Any = None) -> str | None:
+    """A PyTorch shape error ``message`` explained in plain words, with the shapes of the tensors the case
+    passes (in argument order), or ``None`` when it is not a shape error."""
+    for pattern, explain in _SHAPE_ERRORS:
+        found = pattern.search(message)
+        if found:
+            words = f"shapes do not fit: {explain(found)}"
+            given = [shape for arg in getattr(case, "args", ()) for shape in _shapes(arg)]
+            if given:
+                words += f". This case gives your function tensors of shapes {', '.join(given)} (in argument order)"
+            return words
+    return None
+
+
+def _error_message(outcome: dict[str, Any], case: Any = None) -> str:
     kind = str(outcome.get("type", "an error"))
     text = str(outcome.get("message", "")).strip()
     where = str(outcome.get("where", "")).strip()
+    words = shape_words(text, case) if kind == "RuntimeError" else None
+    if words:
+        return f"{words} (your code raised {kind}: {text[:300]}" + (f"; {where})" if where else ")")
     message = f"your code raised {kind}" + (f": {text}" if text else "")
     return message + (f" ({where})" if where else "")
 
@@ -85,7 +139,7 @@ def judge_case(part: Part, case: Case, outcome: Any) -> CaseVerdict:
     if outcome["status"] == "not_implemented":
         return CaseVerdict(case.name, "your function raises NotImplementedError (not written yet)", credit)
     if outcome["status"] == "error":
-        return CaseVerdict(case.name, _error_message(outcome), credit)
+        return CaseVerdict(case.name, _error_message(outcome, case), credit)
     value = outcome.get("value")
     if not is_wire(value):
         return CaseVerdict(case.name, "your output could not be read", credit)

@@ -293,8 +293,9 @@ class SandboxPool:
     def _start(self) -> Sandbox:
         return Sandbox(*self._key)
 
-    def take(self) -> Sandbox:
-        """A sandbox no job has used; keeps the pool topped up."""
+    def take(self, refill: bool = True) -> Sandbox:
+        """A sandbox no job has used; keeps the pool topped up (with ``refill``; else :meth:`fill` later, e.g.
+        once the job is done, so that the replacement's start does not compete with it for the processor)."""
         with self._lock:
             if self.closed:
                 raise RuntimeError("the sandbox pool is closed")
@@ -304,7 +305,8 @@ class SandboxPool:
             sandbox = None
         if sandbox is None:
             sandbox = self._start()
-        self.fill()
+        if refill:
+            self.fill()
         return sandbox
 
     def fill(self) -> None:

@@ -7,15 +7,19 @@ import csv
 import html
 import io
 import json
+import re
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from attention_course.grading.evaluate import CHECK_CELL_EDITED
 from attention_course.grading.grader import NotebookResult
+from attention_course.grading.judge import PartVerdict
 
-__all__ = ["Roster", "class_summary", "feedback_files", "feedback_html", "feedback_markdown", "format_table",
-           "load_roster", "part_columns", "to_csv", "to_json"]
+__all__ = ["Roster", "class_summary", "common_failures", "failure_reason", "feedback_files", "feedback_html",
+           "feedback_markdown", "format_table", "load_roster", "part_columns", "to_csv", "to_json"]
 
 
 def part_columns(results: Sequence[NotebookResult]) -> list[str]:
@@ -129,6 +133,13 @@ class Roster:
     def _who(row: dict[str, str]) -> tuple[str, str]:
         return row.get("learner_id", "").strip(), row.get("name", "").strip()
 
+    def missing(self, paths: Sequence[str]) -> list[tuple[str, str]]:
+        """``(learner_id, name)`` of every learner of the roster whom none of the notebooks at ``paths``
+        belongs to (no submission), in roster order."""
+        found = {self.lookup(path) for path in paths}
+        learners = [self._who(row) for row in self.rows if row.get("learner_id", "").strip()]
+        return [who for who in dict.fromkeys(learners) if who not in found]
+
 
 def load_roster(path: str | Path) -> Roster:
     """Read a roster CSV with a ``learner_id`` column, a ``name`` column (optional), and a ``file`` or an
@@ -148,13 +159,50 @@ def load_roster(path: str | Path) -> Roster:
 
 
 # --- the class as a whole -------------------------------------------------------------------------------
-def class_summary(results: Sequence[NotebookResult], figure: Path | None = None) -> str:
+def failure_reason(verdict: PartVerdict) -> str:
+    """Why a part lost marks, in one line: its first failed case's message (else the part's message)."""
+    failed = [case for case in verdict.cases if not case.passed]
+    reason = failed[0].message if failed and failed[0].message else verdict.message
+    if verdict.cause and reason.startswith(verdict.cause):
+        reason = verdict.cause
+    return " ".join(str(reason).split())
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason with its numbers, shapes and quoted values blanked, so that the same mistake on different
+    inputs counts once: "row 2 sums to 0.73" and "row 0 sums to 1.4" are one kind."""
+    return re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", reason)[:200]
+
+
+def common_failures(verdicts: Sequence[PartVerdict], top: int = 3) -> list[tuple[int, str]]:
+    """The ``top`` most common reasons the failed ``verdicts`` give, as ``(count, an example of it)``, most
+    common first (ties in order of first appearance)."""
+    kinds: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for verdict in verdicts:
+        if verdict.passed:
+            continue
+        reason = failure_reason(verdict)
+        kind = _reason_kind(reason)
+        kinds[kind] += 1
+        example.setdefault(kind, reason)
+    return [(count, example[kind]) for kind, count in kinds.most_common(top)]
+
+
+def class_summary(results: Sequence[NotebookResult], figure: Path | None = None, roster: Roster | None = None) -> str:
     """Markdown: per exercise the number of notebooks, the pass rate (full marks), the median score, and per
-    part its pass rate and median marks. With ``figure``, also draws a histogram of the scores there (PNG)."""
+    part its pass rate, median marks and its three most common failure reasons; with ``roster``, the
+    learners who sent no notebook. With ``figure``, also draws a histogram of the scores there (PNG)."""
     by_exercise: dict[str, list[NotebookResult]] = {}
     for r in results:
         by_exercise.setdefault(r.exercise or "unknown", []).append(r)
     lines = ["# Class summary", ""]
+    if roster is not None:
+        missing = roster.missing([r.path for r in results])
+        everyone = roster.missing([])
+        lines += [f"## Missing: {len(missing)} of the roster's {len(everyone)} learners sent no notebook", ""]
+        lines += [f"- {learner_id}" + (f" ({name})" if name else "") for learner_id, name in missing] or ["None."]
+        lines.append("")
     for exercise, group in sorted(by_exercise.items()):
         max_score = max(r.max_score for r in group)
         full = sum(r.max_score > 0 and r.score == r.max_score for r in group)
@@ -169,6 +217,15 @@ def class_summary(results: Sequence[NotebookResult], figure: Path | None = None)
             rate = sum(v.passed for v in verdicts) / len(verdicts)
             lines.append(f"| {name} | {100 * rate:.0f}% | {_num(statistics.median(v.score for v in verdicts))} | "
                          f"{verdicts[0].max_score} |")
+        lines += ["", "Most common reasons a part lost marks (notebooks, an example of the message):", ""]
+        for name in names:
+            verdicts = [v for r in group for v in r.parts if v.part == name]
+            reasons = common_failures(verdicts)
+            if not reasons:
+                lines.append(f"- {name}: no failures.")
+                continue
+            lines.append(f"- {name}:")
+            lines += [f"  {rank}. ({count}) {reason}" for rank, (count, reason) in enumerate(reasons, start=1)]
         lines.append("")
     if figure is not None and results:
         _histogram(by_exercise, figure)
@@ -202,9 +259,10 @@ def _histogram(by_exercise: dict[str, list[NotebookResult]], path: Path) -> None
 
 
 # --- one feedback file per learner ------------------------------------------------------------------------
-def feedback_markdown(result: NotebookResult, learner: tuple[str, str] = ("", "")) -> str:
-    """What a learner can be sent: their marks per part, each failed case's message, and the hints in tiers
-    for every part not passed."""
+def feedback_markdown(result: NotebookResult, learner: tuple[str, str] = ("", ""), hint_levels: int = 1) -> str:
+    """What a learner can be sent: their marks per part, each failed case's message, and for every part not
+    passed its hints up to ``hint_levels`` (default 1, the concept; 2 adds the approach: an instructor's
+    choice). A part lost to an edited check cell gets no hint: its code was not judged, the cell is what to fix."""
     from attention_course.grading.exercises import exercise_ids, get_exercise
 
     exercise = get_exercise(result.exercise) if result.exercise in exercise_ids() else None
@@ -230,18 +288,18 @@ def feedback_markdown(result: NotebookResult, learner: tuple[str, str] = ("", ""
         else:
             lines.append(f"- {v.message}")
         part = next((p for p in exercise.parts if p.name == v.part), None) if exercise else None
-        if part is not None:
-            for level, text in enumerate(part.hints, start=1):
+        if part is not None and not v.message.startswith(CHECK_CELL_EDITED):
+            for level, text in enumerate(part.hints[:max(hint_levels, 0)], start=1):
                 label = "Hint (concept)" if level == 1 else f"Hint {level} (approach)"
                 lines += ["", f"{label}: {text}"]
     return "\n".join(lines) + "\n"
 
 
-def feedback_html(result: NotebookResult, learner: tuple[str, str] = ("", "")) -> str:
+def feedback_html(result: NotebookResult, learner: tuple[str, str] = ("", ""), hint_levels: int = 1) -> str:
     """:func:`feedback_markdown` as a small standalone HTML page (text escaped)."""
     body: list[str] = []
     in_table = False
-    for line in feedback_markdown(result, learner).splitlines():
+    for line in feedback_markdown(result, learner, hint_levels).splitlines():
         text = html.escape(line).replace("**", "")
         is_row = line.startswith("|")
         if is_row and not in_table:
@@ -268,8 +326,9 @@ def feedback_html(result: NotebookResult, learner: tuple[str, str] = ("", "")) -
 
 
 def feedback_files(results: Sequence[NotebookResult], folder: Path, roster: Roster | None = None,
-                   fmt: str = "md") -> list[Path]:
-    """Write one feedback file per notebook into ``folder`` (named after the learner id, else the notebook)."""
+                   fmt: str = "md", hint_levels: int = 1) -> list[Path]:
+    """Write one feedback file per notebook into ``folder`` (named after the learner id, else the notebook),
+    with hints up to ``hint_levels`` (see :func:`feedback_markdown`)."""
     written: list[Path] = []
     for index, r in enumerate(results):
         learner = roster.lookup(r.path) if roster else ("", "")
@@ -278,6 +337,7 @@ def feedback_files(results: Sequence[NotebookResult], folder: Path, roster: Rost
         path = folder / f"{stem}.{fmt}"
         if path in written:
             path = folder / f"{stem}-{index}.{fmt}"
-        write(path, feedback_html(r, learner) if fmt == "html" else feedback_markdown(r, learner))
+        write(path, feedback_html(r, learner, hint_levels) if fmt == "html"
+              else feedback_markdown(r, learner, hint_levels))
         written.append(path)
     return written

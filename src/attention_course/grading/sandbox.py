@@ -47,7 +47,7 @@ from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
 
 __all__ = ["BUDGET_STEPS", "DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
            "RECORD_LIMIT", "results_problem",
-           "public_case", "run_parts"]
+           "prewarm", "public_case", "run_parts"]
 
 DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
 STARTUP_TIMEOUT = 120.0  # seconds for Python, torch and the preamble to start (a loaded machine is slow)
@@ -345,6 +345,22 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_l
     return _Attempt(protocol.events, protocol.blobs, reason, tail, protocol.cpu, sandbox.peak_memory)
 
 
+def prewarm(isolation: str = "auto", limits: Limits | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
+            size: int = 1) -> None:
+    """Start ``size`` sandboxes now (without waiting for them), for the next :func:`run_parts` with these
+    settings: the notebook's ``exercise(...)`` calls it, so that the first check finds a worker whose imports
+    are done, and every check (``warm=1``) leaves one started for the next. Each is still used once."""
+    isolated = isolation != "none"
+    if isolated:
+        try:
+            check_sandbox()
+        except SandboxUnavailable:
+            if isolation == "required":
+                raise
+            isolated = False
+    pool(isolated, limits or Limits(), output_limit, size).fill()
+
+
 def run_parts(
     exercise_id: str,
     preamble: str,
@@ -358,6 +374,7 @@ def run_parts(
     allowed: frozenset[str] | None = None,
     budget: float | None = None,
     warm: int = 0,
+    warm_after: bool = False,
 ) -> SandboxResult:
     """Run the learner's ``cells`` and then each part's cases in a fresh sandbox; see the module docstring.
 
@@ -376,8 +393,10 @@ def run_parts(
         allowed: course-library names the learner's code may use (``None``: all; see
             :mod:`attention_course.grading.library_rules`).
         budget: seconds the whole notebook may take, retries included (default :func:`notebook_budget`).
-        warm: sandboxes to keep started ahead of need (the grader: one per notebook graded at once; 0:
-            start each one when needed, as the notebook check does).
+        warm: sandboxes to keep started ahead of need (the grader: one per notebook graded at once; the
+            notebook check: one; 0: start each one when needed).
+        warm_after: start the replacement of the sandbox used only once this run is over (the notebook
+            check: on two cores, a worker importing PyTorch next to the one checking would slow the check).
     """
     if isolation not in ("required", "auto", "none"):
         raise ValueError(f"isolation must be 'required', 'auto' or 'none', got {isolation!r}")
@@ -391,6 +410,27 @@ def run_parts(
             isolated = False
     limits = limits or Limits()
     workers = pool(isolated, limits, output_limit, warm)
+    try:
+        return _run_parts(exercise_id, preamble, cells, part_cases, timeout, output_limit, allowed, budget,
+                          isolated, _Taker(workers, refill=not warm_after))
+    finally:
+        if warm_after:
+            workers.fill()
+
+
+class _Taker:
+    """A pool's :meth:`~attention_course.grading.launcher.SandboxPool.take`, with or without its refill."""
+
+    def __init__(self, workers: Any, refill: bool) -> None:
+        self._workers, self._refill = workers, refill
+
+    def take(self) -> Any:
+        return self._workers.take(refill=self._refill)
+
+
+def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]],
+               part_cases: list[tuple[str, list[Any]]], timeout: float, output_limit: int,
+               allowed: frozenset[str] | None, budget: float | None, isolated: bool, workers: Any) -> SandboxResult:
     budget = notebook_budget(timeout) if budget is None else budget
     cells = _readable_cells(cells)
     budget_left = [budget]

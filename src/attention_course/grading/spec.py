@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 __all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
-           "preamble", "randn", "with_concepts", "INPUTS_CHANGED"]
+           "preamble", "randn", "with_concepts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -203,21 +203,157 @@ class Part:
         return tuple(tier for tier in tiers if tier)
 
 
+def _snapshot(value: Any, depth: int = 0) -> Any:
+    """A copy of what in ``value`` can be changed in place: tensors (cloned), a module's parameters and
+    buffers (as a dict of clones), lists, tuples and dicts of these; ``None`` for anything else."""
+    if depth > 6:
+        return None
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, torch.nn.Module):
+        return {name: tensor.detach().clone() for name, tensor in value.state_dict(keep_vars=True).items()}
+    if isinstance(value, (list, tuple)):
+        return [_snapshot(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {key: _snapshot(item, depth + 1) for key, item in value.items()}
+    return None
+
+
+def _differs(before: Any, value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` no longer matches its :func:`_snapshot` ``before`` (changed in place)."""
+    if before is None or depth > 6:
+        return False
+    if isinstance(value, torch.nn.Module):
+        now = value.state_dict(keep_vars=True)
+        return now.keys() != before.keys() or any(_changed(before[key], now[key]) for key in before)
+    if isinstance(before, torch.Tensor):
+        return _changed(before, value)
+    if isinstance(before, list):
+        return (not isinstance(value, (list, tuple)) or len(value) != len(before)
+                or any(_differs(b, v, depth + 1) for b, v in zip(before, value)))
+    if isinstance(before, dict):
+        return (not isinstance(value, dict) or value.keys() != before.keys()
+                or any(_differs(before[key], value[key], depth + 1) for key in before))
+    return False
+
+
+def _argument_names(function: Any, args: tuple, kwargs: dict[str, Any]) -> list[str]:
+    """The parameter name of each positional argument of a call (``argument N`` where the signature does not
+    tell), followed by the keyword arguments' names."""
+    try:
+        parameters = [p for p in inspect.signature(function).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        parameters = []
+    names = [parameters[i].name if i < len(parameters) else f"argument {i + 1}" for i in range(len(args))]
+    return names + list(kwargs)
+
+
+class InputWatch:
+    """The one mechanism by which every part's check notices a learner's code that changes its inputs in place.
+
+    :meth:`watch` wraps the learner's function (or, for a class, each module it builds) so that every call
+    compares the arguments it was given, before and after: the very tensors the judge passed (a part's ``run``
+    may hand over clones it built itself, e.g. ``y.clone()``: it is those clones that are compared), lists,
+    tuples and dicts of them, and the parameters and buffers of modules passed in. What changed is named in
+    :attr:`changed`. Every :class:`Part`'s ``run`` goes through it (see :class:`_TrackedRun`).
+    """
+
+    def __init__(self) -> None:
+        self.changed: list[str] = []
+
+    def _call(self, function: Any, call_name: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+        values = (*args, *kwargs.values())
+        before = [_snapshot(value) for value in values]
+        try:
+            return function(*args, **kwargs)
+        finally:
+            # Compared even when the call raised: an edit in place before an error is still an edit.
+            names = _argument_names(call_name, args, kwargs)
+            for name, old, value in zip(names, before, values):
+                if _differs(old, value) and name not in self.changed:
+                    self.changed.append(name)
+
+    def watch(self, obj: Any) -> Any:
+        """``obj`` as the judge's ``run`` should call it: a function is wrapped; a class that builds
+        ``nn.Module``s gives modules whose every call is watched; anything else is returned as it is."""
+        if inspect.isclass(obj):
+            if not issubclass(obj, torch.nn.Module):
+                return obj
+            return _WatchedClass(self, obj)
+        if callable(obj):
+            return _WatchedFunction(self, obj)
+        return obj
+
+
+class _WatchedFunction:
+    """A learner's function whose calls an :class:`InputWatch` checks (its signature is the function's)."""
+
+    def __init__(self, watch: InputWatch, function: Any) -> None:
+        self._watch = watch
+        self.__wrapped__ = function
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._watch._call(self.__wrapped__, self.__wrapped__, args, kwargs)
+
+
+class _WatchedClass:
+    """A learner's ``nn.Module`` class: the modules it builds have their calls checked by an :class:`InputWatch`
+    (through forward hooks, so the module is the learner's own object)."""
+
+    def __init__(self, watch: InputWatch, cls: type) -> None:
+        self._watch = watch
+        self.__wrapped__ = cls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.__wrapped__(*args, **kwargs)
+        if isinstance(module, torch.nn.Module):
+            pending: list[tuple[list[str], tuple, list[Any]]] = []
+            watch = self._watch
+
+            def before(mod: Any, call_args: tuple, call_kwargs: dict[str, Any]) -> None:
+                values = (*call_args, *call_kwargs.values())
+                names = _argument_names(getattr(mod, "forward", None), call_args, call_kwargs)
+                pending.append((names, values, [_snapshot(value) for value in values]))
+
+            def after(mod: Any, call_args: tuple, call_kwargs: dict[str, Any], output: Any) -> None:
+                if not pending:
+                    return
+                names, values, snapshots = pending.pop()
+                for name, old, value in zip(names, snapshots, values):
+                    if _differs(old, value) and name not in watch.changed:
+                        watch.changed.append(name)
+
+            module.register_forward_pre_hook(before, with_kwargs=True)
+            module.register_forward_hook(after, with_kwargs=True, always_call=True)
+        return module
+
+
+def unwatched(obj: Any) -> Any:
+    """The learner's own object behind :meth:`InputWatch.watch` (for a ``run`` that must call it bare, e.g. to
+    measure its memory: the watch's copies would count)."""
+    return obj.__wrapped__ if isinstance(obj, (_WatchedFunction, _WatchedClass)) else obj
+
+
 class _TrackedRun:
     """A part's ``run`` that also reports inputs the learner's code changed in place: the output comes back
-    wrapped as ``{INPUTS_CHANGED: [names], "output": output}`` (plain data, so it crosses the wire)."""
+    wrapped as ``{INPUTS_CHANGED: [names], "output": output}`` (plain data, so it crosses the wire).
+
+    Two probes, one verdict: an :class:`InputWatch` on every call of the learner's object (whatever tensors
+    ``run`` passed), and the copies :meth:`Case.fresh_args` handed out, compared with the case's inputs."""
 
     def __init__(self, run: Callable[[Any, Case], Any]) -> None:
         self.run = run
 
     def __call__(self, obj: Any, case: Case) -> Any:
         handed: list[tuple[tuple, dict[str, Any]]] = []
+        watch = InputWatch()
         case.__dict__["_handed_out"] = handed
         try:
-            output = self.run(obj, case)
+            output = self.run(watch.watch(obj), case)
         finally:
             case.__dict__.pop("_handed_out", None)
-        changed = case.changed_inputs(handed, obj)
+        changed = list(dict.fromkeys([*watch.changed, *case.changed_inputs(handed, obj)]))
         return {INPUTS_CHANGED: changed, "output": output} if changed else output
 
 

@@ -415,9 +415,9 @@ EXERCISE = Exercise(
               _loop_cases, _verify_loops),
         _part("layer_norm",
               "LayerNorm divides by √(biased variance + eps), as nn.LayerNorm (errata 3.1)",
-              "nn.LayerNorm uses the biased variance (divide by d, not d - 1) and puts eps inside the square root: "
-              "(x - mean) / sqrt(var + eps). The difference is invisible for unit-variance inputs and large for "
-              "small ones.",
+              "nn.LayerNorm uses the biased variance (divide by d, not d - 1) and puts eps inside the square root, "
+              "next to the variance, rather than adding it to the root. The difference is invisible for unit-variance "
+              "inputs and large for small ones.",
               _layer_norm_cases, _verify_layer_norm),
         _part("dropout",
               "inverted dropout scales the survivors by 1/(1 - p) (errata 3.4)",

@@ -283,9 +283,9 @@ EXERCISE = Exercise(
             name="hard_attention_weights",
             points=1,
             summary="one-hot weights on the highest score of each row (argmax)",
-            hint="torch.argmax(scores, dim=-1) gives the index of the highest score in each row (the first one "
-                 "when there are ties). torch.nn.functional.one_hot turns indices into one-hot vectors; convert "
-                 "the result to the dtype of the scores with .to(scores.dtype).",
+            hint="Find, in each row, the position of the highest score (PyTorch's argmax picks the first one when "
+                 "several tie), turn those positions into one-hot rows as long as the score rows (F.one_hot does "
+                 "that), and give the result the same floating-point dtype as the scores: one_hot returns integers.",
             make_cases=_hard_cases,
             verify=_verify_hard,
         ),
@@ -313,9 +313,10 @@ EXERCISE = Exercise(
             name="self_attention_no_projections",
             points=2,
             summary="scores X Xᵀ, weights softmax(beta * scores), output weights @ X",
-            hint="The scores of all pairs are X @ X.transpose(-2, -1), shape (..., t, t): row i compares token i "
-                 "with every token. Use your soft_attention_weights on beta times the scores (a softmax over the "
-                 "keys, the last dimension), then your attention_pooling.",
+            hint="Every token is compared with every token: the scores are the matrix product of X with its own "
+                 "transpose over the last two dimensions, one (t, t) matrix per batch, row i for token i. Scale them "
+                 "by beta, turn each row into weights with your soft_attention_weights (a softmax over the keys, the "
+                 "last dimension), then pool with your attention_pooling.",
             make_cases=_self_attention_cases,
             verify=_verify_self_attention,
             run=_run_self_attention,
@@ -324,8 +325,9 @@ EXERCISE = Exercise(
             name="equivariance_gap",
             points=2,
             summary="the largest |f(X[perm]) - f(X)[perm]|: zero when f is permutation equivariant",
-            hint="X[perm] reorders the rows (tokens) of X. Compute f(X[perm]) and f(X)[perm] (apply the same "
-                 "reordering to the output rows), then the largest absolute difference, as a Python float.",
+            hint="Indexing X's rows with perm reorders the tokens. Run f on the reordered input, and separately "
+                 "reorder the rows of f's output on the original input with the same permutation; equivariance says "
+                 "the two agree. Report the largest absolute difference between them as a Python float.",
             make_cases=_equivariance_cases,
             verify=_verify_equivariance,
         ),

@@ -252,10 +252,11 @@ EXERCISE = Exercise(
             name="hard_lookup",
             points=1,
             summary="the value of the key with the highest dot-product score, for every query",
-            hint="The scores of all queries against all keys are query @ keys.transpose(-2, -1), shape (..., m, n). "
-                 "argmax over the last dimension gives the best key of each query (the first one on a tie). "
-                 "Pick those rows of the values with torch.gather along dimension -2, or build one-hot weights "
-                 "with F.one_hot and multiply them by the values.",
+            hint="Score every query against every key at once: the product of the queries with the keys transposed on "
+                 "their last two dimensions, one (m, n) table. The argmax over the keys (the last dimension) names "
+                 "each query's best key, the first one on a tie. Return the value rows at those indices, either by "
+                 "gathering along the key dimension or by turning the indices into one-hot weights and multiplying "
+                 "them by the values.",
             make_cases=_hard_cases,
             verify=_verify_hard,
         ),
@@ -263,9 +264,10 @@ EXERCISE = Exercise(
             name="soft_lookup",
             points=2,
             summary="weights softmax(beta * query @ keysᵀ) over the keys, output weights @ values",
-            hint="Score every query against every key with query @ keys.transpose(-2, -1), multiply by beta (and by "
-                 "nothing else: there is no 1/sqrt(d_k) in this exercise), take torch.softmax over the last "
-                 "dimension (the keys), and return (weights @ values, weights).",
+            hint="Score every query against every key (queries times the keys transposed on their last two "
+                 "dimensions), multiply by beta and by nothing else (there is no 1/sqrt(d_k) in this exercise), and "
+                 "turn each row into weights with a softmax over the keys, the last dimension. The answer is the "
+                 "weights times the values, returned together with the weights.",
             make_cases=_soft_cases,
             verify=_verify_soft,
         ),
@@ -284,10 +286,10 @@ EXERCISE = Exercise(
             name="limit_lookup",
             points=2,
             summary="the soft lookup as beta -> infinity: tied best keys share the weight equally",
-            hint="As beta grows, softmax(beta * s) puts all its weight on the keys whose score equals the row maximum, "
-                 "and equally on each of them when several are tied. Compare the scores with "
-                 "scores.amax(dim=-1, keepdim=True) to get a boolean mask of the best keys, turn it into floats, and "
-                 "divide each row by its number of best keys. The output is weights @ values.",
+            hint="As beta grows, softmax(beta * s) puts all its weight on the keys whose score equals the row "
+                 "maximum, and equally on each of them when several are tied. Find each row's maximum (keep its "
+                 "dimension so it broadcasts), mark the keys that reach it, turn the marks into floats and divide "
+                 "each row by how many keys it marked. The output is those weights times the values.",
             make_cases=_limit_cases,
             verify=_verify_limit,
         ),

@@ -381,9 +381,10 @@ EXERCISE = Exercise(
             name="attend_one_query",
             points=2,
             summary="scores K q / sqrt(d_k), softmax over the keys, output sum_j a_j v_j",
-            hint="The scores are one number per key: K @ q (shape (L,)), divided by math.sqrt(d_k) with "
-                 "d_k = q.shape[-1]. torch.softmax(scores, dim=-1) gives the weights. The output is the weighted "
-                 "sum of the rows of V, weights @ V: the values of the keys, v_j, not the query's own value.",
+            hint="One score per key: the dot product of the query with each row of K, a vector of length L, divided "
+                 "by the square root of the query's length d_k. A softmax over those L scores gives the weights, and "
+                 "the output is the weighted sum of the rows of V: the values of the keys, v_j, not the query's own "
+                 "value.",
             make_cases=_one_query_cases,
             verify=_verify_one_query,
         ),

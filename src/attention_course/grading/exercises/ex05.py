@@ -423,8 +423,10 @@ EXERCISE = Exercise(
             name="scaled_scores",
             points=1,
             summary="Q Kᵀ / sqrt(d_k): one row per query, one column per key, variance about 1",
-            hint="Q @ K.transpose(-2, -1) has shape (..., Lq, Lk); divide it by math.sqrt(d_k) with "
-                 "d_k = Q.shape[-1]. Dividing by d_k instead shrinks the scores too much.",
+            hint="Multiply the queries by the keys transposed on their last two dimensions: the result has shape "
+                 "(..., Lq, Lk), one score per query and key. Then divide by the square root of d_k, the length of "
+                 "one query vector (the size of the last dimension). Dividing by d_k itself shrinks the scores too "
+                 "much.",
             make_cases=_scores_cases,
             verify=_verify_scores,
         ),
@@ -432,9 +434,11 @@ EXERCISE = Exercise(
             name="masked_softmax",
             points=2,
             summary="softmax over the allowed keys only; a row with no allowed key gets zeros, never NaN",
-            hint="Fill the blocked scores (where the mask is False: scores.masked_fill(~mask, value)) with "
-                 "torch.finfo(scores.dtype).min rather than -inf, take torch.softmax over dim=-1, then zero the "
-                 "rows with no allowed key: mask.any(dim=-1, keepdim=True) is False exactly there.",
+            hint="Where the mask is False, replace the score by the most negative number the scores' dtype can hold "
+                 "(torch.finfo gives it; -inf would turn a fully blocked row into NaN), then take the softmax over "
+                 "the keys, the last dimension. Finally set to zero every row in which the mask allows no key at all: "
+                 "ask the mask whether any key of the row is allowed, keeping the dimension so the answer broadcasts "
+                 "over the row.",
             make_cases=_masked_softmax_cases,
             verify=_verify_masked_softmax,
         ),
@@ -453,9 +457,10 @@ EXERCISE = Exercise(
             name="causal_self_attention",
             points=1,
             summary="self-attention in which query i sees only keys j <= i; returns (output, weights)",
-            hint="Write a helper causal_mask(L) = torch.ones(L, L, dtype=torch.bool).tril() (True on and below "
-                 "the diagonal: query i may see keys j <= i). Project Q, K, V from X and call your part 3 with "
-                 "that mask; it broadcasts over the batch.",
+            hint="Write a small helper that builds the causal mask for a length L: a square boolean matrix that is "
+                 "True on and below the diagonal (query i may see keys j <= i), which is the lower triangle of a "
+                 "matrix of ones (PyTorch's tril keeps it). Project Q, K, V from X and call your part 3 with that "
+                 "mask; one (L, L) mask broadcasts over the batch.",
             make_cases=_causal_cases,
             verify=_verify_causal,
             run=_run_causal,

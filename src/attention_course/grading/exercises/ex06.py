@@ -489,9 +489,10 @@ EXERCISE = Exercise(
             name="split_heads",
             points=1,
             summary="(B, L, d_model) -> (B, h, L, d_head), head i = features i*d_head..(i+1)*d_head-1",
-            hint="x.view(B, L, num_heads, d_model // num_heads) relabels each token's features as (head, feature); "
-                 "then .transpose(1, 2) moves the heads in front of the positions. Check d_model % num_heads "
-                 "first and raise ValueError(f'...{d_model}...{num_heads}...').",
+            hint="Check first that num_heads divides d_model, and raise a ValueError naming both numbers when it does "
+                 "not. Then view each token's d_model features as num_heads groups of d_model // num_heads (shape (B, "
+                 "L, h, d_head)), and swap the position and head axes so the heads come before the positions: (B, h, "
+                 "L, d_head).",
             make_cases=_split_cases,
             verify=_verify_split,
             run=call_expecting_error,
@@ -500,9 +501,9 @@ EXERCISE = Exercise(
             name="merge_heads",
             points=1,
             summary="(B, h, L, d_head) -> (B, L, h*d_head): the heads concatenated per token",
-            hint="Undo the split in reverse order: x.transpose(1, 2) gives (B, L, h, d_head); then .reshape(B, L, "
-                 "h * d_head). After a transpose the tensor is not contiguous, so .view fails: use .reshape (or "
-                 ".contiguous().view).",
+            hint="Undo the split in reverse order: swap the head and position axes back, giving (B, L, h, d_head), "
+                 "then join the last two axes into one of h * d_head features. After swapping axes the tensor is not "
+                 "contiguous, so view refuses it: reshape works (or make it contiguous first).",
             make_cases=_merge_cases,
             verify=_verify_merge,
         ),
@@ -523,10 +524,11 @@ EXERCISE = Exercise(
             name="params_from_torch",
             points=2,
             summary="read W_q, b_q, ..., W_o, b_o (row convention) out of an nn.MultiheadAttention",
-            hint="module.in_proj_weight has shape (3*d_model, d_model): .chunk(3, dim=0) gives the query, key and "
-                 "value blocks in (out, in) layout, so W_q = block.T. module.in_proj_bias chunks the same way. W_o = "
-                 "module.out_proj.weight.T, b_o = module.out_proj.bias. Without biases (they are None) return "
-                 "torch.zeros(d_model). Use .detach().",
+            hint="PyTorch stacks the three input projections in one matrix, in_proj_weight of shape (3 * d_model, "
+                 "d_model), in (out, in) layout: cut it into three equal blocks along its first dimension (query, "
+                 "key, value) and transpose each to the course's (in, out) layout; the bias splits the same way. The "
+                 "output projection's weight is transposed too. A module built without biases has None there: return "
+                 "zero vectors of length d_model instead. Detach every tensor from the module.",
             make_cases=_module_cases,
             verify=_verify_params,
             run=_run_params,
@@ -535,10 +537,10 @@ EXERCISE = Exercise(
             name="attention_like_torch",
             points=2,
             summary="module's output and per-head weights, from your functions, with PyTorch's True = blocked masks",
-            hint="params = params_from_torch(module). Convert each PyTorch mask to the course's convention with ~: "
-                 "key_padding_mask (B, Lk) becomes ~key_padding_mask[:, None, None, :] (B, 1, 1, Lk), attn_mask "
-                 "(Lq, Lk) becomes ~attn_mask; combine the two with &. Then call multi_head_attention with "
-                 "module.num_heads.",
+            hint="Read the weights with your params_from_torch. PyTorch's masks say True = blocked, the course's True "
+                 "= may attend, so negate both. The key-padding mask (B, Lk) needs two new axes, for the heads and "
+                 "the queries, to become (B, 1, 1, Lk); the attention mask (Lq, Lk) already broadcasts. Combine them "
+                 "with a logical and, then call your multi_head_attention with the module's number of heads.",
             make_cases=_torch_cases,
             verify=_verify_torch,
             run=_run_torch,

@@ -337,9 +337,10 @@ EXERCISE = Exercise(
             name="sinusoidal_encoding",
             points=2,
             summary="PE(p)[2i] = sin(p / 10000^(2i/d)), PE(p)[2i+1] = cos(...) for a tensor of positions p",
-            hint="With p = positions.unsqueeze(1) (a column) and i = torch.arange(d_model // 2), the angle "
-                 "p * 10000 ** (-2 * i / d_model) has shape (P, d/2). Fill pe[:, 0::2] with its sine and "
-                 "pe[:, 1::2] with its cosine. Check d_model % 2 first and raise ValueError naming d_model.",
+            hint="Make the positions a column (P, 1) and the pair indices i = 0 .. d_model/2 - 1 a row, so that the "
+                 "angle position * 10000 ** (-2 i / d_model) broadcasts to (P, d/2). The even columns of the encoding "
+                 "get the sine of the angles and the odd columns their cosine. Check that d_model is even first and "
+                 "raise a ValueError naming it otherwise.",
             make_cases=_encoding_cases,
             verify=_verify_encoding,
             run=call_expecting_error,
@@ -348,9 +349,10 @@ EXERCISE = Exercise(
             name="offset_similarity",
             points=1,
             summary="<PE(p), PE(p+k)> = sum_i cos(omega_i k) for a tensor of offsets k",
-            hint="Each pair contributes sin(a)sin(a + t) + cos(a)cos(a + t) = cos(t) with t = omega_i * k. With "
-                 "omega = 10000 ** (-2 * torch.arange(d_model // 2) / d_model), compute "
-                 "torch.cos(offsets.unsqueeze(-1) * omega).sum(dim=-1).",
+            hint="Each pair contributes sin(a)sin(a + t) + cos(a)cos(a + t) = cos(t) with t = omega_i * k, whatever "
+                 "the position a. So the similarity is the sum over the d_model/2 frequencies omega_i = 10000 ** (-2 "
+                 "i / d_model) of the cosine of offset times frequency: give the offsets a trailing axis so they "
+                 "broadcast against the frequencies, then sum over that axis.",
             make_cases=_profile_cases,
             verify=_verify_profile,
         ),

@@ -383,9 +383,10 @@ EXERCISE = Exercise(
             name="layer_norm",
             points=2,
             summary="weight * (x - mean) / sqrt(biased var + eps) + bias over the last dimension",
-            hint="Over dim=-1 with keepdim=True: mean = x.mean(...), var = x.var(..., correction=0) (the biased "
-                 "variance, divide by H). Then (x - mean) / torch.sqrt(var + eps), with eps inside the root, times "
-                 "weight plus bias. A constant row has var = 0, and eps keeps the division finite.",
+            hint="Over the last dimension, keeping it: take each row's mean and its biased variance (divide by H, not "
+                 "H - 1: PyTorch's var does that with correction 0). Subtract the mean and divide by the square root "
+                 "of the variance plus eps, with eps inside the root, then scale by weight and shift by bias. A "
+                 "constant row has variance 0, and eps keeps the division finite.",
             make_cases=_layer_norm_cases,
             verify=_verify_layer_norm,
         ),
@@ -404,9 +405,9 @@ EXERCISE = Exercise(
             name="residual_sublayer",
             points=2,
             summary="post-norm norm(x + f(x)) or pre-norm x + f(norm(x)), chosen by norm_first",
-            hint="Two one-liners. Post-norm (norm_first=False), the paper's order: add first, then normalise the "
-                 "sum, norm(x + sublayer(x)). Pre-norm (norm_first=True): normalise what goes into the sub-layer, "
-                 "and add the sub-layer's output to the raw x, x + sublayer(norm(x)).",
+            hint="Two one-liners. Post-norm (norm_first=False), the paper's order: add the sub-layer's output to x "
+                 "first, then normalise the sum. Pre-norm (norm_first=True): normalise only what goes into the "
+                 "sub-layer, and add the sub-layer's output to the raw, unnormalised x.",
             make_cases=_residual_cases,
             verify=_verify_residual,
         ),

@@ -432,9 +432,9 @@ EXERCISE = Exercise(
             name="linear_to_conv1d",
             points=1,
             summary="the (out, in, 1) kernel and bias that make F.conv1d compute x @ W + b at every position",
-            hint="In the row-vector convention W has shape (in, out); nn.Conv1d stores kernels as (out_channels, "
-                 "in_channels, kernel_size). So the kernel is W.T with a trailing axis of size 1: "
-                 "W.T.unsqueeze(-1). The bias is unchanged.",
+            hint="In the row-vector convention W has shape (in, out); nn.Conv1d stores its kernels as (out_channels, "
+                 "in_channels, kernel_size). So the kernel is W transposed, with one more axis of size 1 at the end "
+                 "for the kernel width. The bias is unchanged.",
             make_cases=_conv_cases,
             verify=_verify_conv,
             run=_run_conv,

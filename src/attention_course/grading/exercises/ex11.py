@@ -28,7 +28,7 @@ from attention_course.grading.compare import (
     float32_atol,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_concepts
 
 PREAMBLE = preamble()
 
@@ -350,6 +350,7 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
     import os
 
     small = Case("warm-up", (case.args[0][:8], case.args[1][:8], case.args[2][:8], case.args[3]))
+    obj = unwatched(obj)  # the input watch's copies would count as the call's memory (other cases are watched)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: measure, send, exit (never returns)
@@ -468,9 +469,11 @@ EXERCISE = Exercise(
             name="tiled_attention_step",
             points=3,
             summary="one block of keys/values folded into (accumulator, running max, running sum)",
-            hint="Scores for the block: query @ key.transpose(-2, -1) * scale. Your online_softmax_update gives "
-                 "the new maximum and sum. The accumulator is rescaled like the sum, by "
-                 "exp(running_max - new_max)[..., None], then gets exp(scores - new_max[..., None]) @ value.",
+            hint="Score the block: the queries times the block's keys transposed on their last two dimensions, times "
+                 "scale. Your online_softmax_update gives the new maximum and sum. The accumulator is rescaled like "
+                 "the sum, by the exponential of how far the maximum moved (old minus new, one factor per query row), "
+                 "then gets the block's exponentiated scores (each minus its row's new maximum) times the block's "
+                 "values.",
             make_cases=_step_cases,
             verify=_verify_step,
         ),
@@ -478,9 +481,9 @@ EXERCISE = Exercise(
             name="tiled_attention",
             points=3,
             summary="exact attention computed block by block, never forming the full score matrix",
-            hint="Loop over blocks of queries (query[..., q0:q0 + block_size, :]). For each, start from a zero "
-                 "accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values with "
-                 "your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
+            hint="Loop over blocks of block_size queries (slices along the query dimension, -2). For each, start from "
+                 "a zero accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values "
+                 "with your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
                  "Concatenate the query blocks along dim -2.",
             make_cases=_tiled_cases,
             verify=_verify_tiled,

@@ -284,8 +284,15 @@ def _verify_sample(case: Case, output: Any) -> str | None:
             return f"token ids must lie in 0 .. {vocabulary - 1}"
         impossible = tokens[expected[tokens] == 0]
         if impossible.numel():
-            return (f"you drew token {int(impossible[0])}, which the filters remove (probability 0): sample from "
-                    "the filtered distribution, do not filter after drawing")
+            token = int(impossible[0])
+            for name, label in (("top_p", "top-p"), ("top_k", "top-k")):  # which filter the draws ignore
+                if kwargs[name] is not None and bool((_expected_probs(logits[0], **{**kwargs, name: None})
+                                                      [tokens] > 0).all()):
+                    return (f"you drew token {token}, which {label} = {kwargs[name]} removes (probability 0): "
+                            f"your draws come from a distribution without the {label} filter; when {name} is "
+                            f"given, apply your {name}_filter to the logits before the softmax you draw from")
+            return (f"you drew token {token}, which the filters remove (probability 0): draw from the softmax "
+                    "of the filtered logits")
         counts = torch.bincount(tokens, minlength=vocabulary)
         frequencies = counts.double() / DRAWS
         if chi_square_p_value(counts, expected * DRAWS) < SAMPLING_SIGNIFICANCE:
@@ -500,7 +507,8 @@ EXERCISE = Exercise(
             name="next_token_loss",
             points=2,
             summary="mean cross-entropy of predicting token t + 1 from position t, padding ignored",
-            hint="The predictions are logits[:, :-1], the targets tokens[:, 1:]. Flatten both and use "
+            hint="Position t predicts the token at t + 1: pair the logits of every position but the last with the "
+                 "tokens of every position but the first. Flatten both (the logits to one row per prediction) and use "
                  "F.cross_entropy with ignore_index set to the padding id.",
             make_cases=_loss_cases,
             verify=_verify_loss,
@@ -509,8 +517,9 @@ EXERCISE = Exercise(
             name="top_k_filter",
             points=1,
             summary="keep the k largest logits of each row, set the others to -inf",
-            hint="torch.topk(logits, k, dim=-1).values[..., -1:] is each row's k-th largest value; every logit "
-                 "below it is dropped (masked_fill with -inf). k at least the vocabulary size keeps all.",
+            hint="Find each row's k-th largest logit (torch.topk returns the k largest in order: the last of them is "
+                 "the threshold, kept with its dimension so it broadcasts over the row). Every logit below the "
+                 "threshold is dropped: set it to -inf. A k at least the vocabulary size keeps everything.",
             make_cases=_top_k_cases,
             verify=_verify_top_k,
         ),
@@ -529,8 +538,9 @@ EXERCISE = Exercise(
             points=2,
             summary="temperature on the logits, then top-k and top-p, then one draw per row",
             hint="Temperature 0: return the argmax. Otherwise divide the logits by the temperature, apply your "
-                 "filters, softmax, and draw with torch.multinomial(probs.reshape(-1, V), 1, generator=...), "
-                 "then reshape to the leading dimensions.",
+                 "filters and a softmax. torch.multinomial draws from rows of a 2-D tensor only: flatten the leading "
+                 "dimensions into one, draw one sample per row with the generator you were given, and give the result "
+                 "the leading dimensions back.",
             make_cases=_sample_cases,
             verify=_verify_sample,
             run=_run_sample,
@@ -539,9 +549,10 @@ EXERCISE = Exercise(
             name="cached_attention_step",
             points=2,
             summary="one generation step of causal self-attention with a KV cache",
-            hint="Project the new token: q = x_new @ w_q, k = x_new @ w_k, v = x_new @ w_v. Append k and v to the "
-                 "cached ones along dim 1 (the cache may be None). The new query attends to every cached "
-                 "position and to itself: softmax(q @ keys.T / sqrt(d)) @ values.",
+            hint="Project only the new token into its query, key and value with the three weight matrices. Append the "
+                 "new key and value to the cached ones along the position dimension, 1 (the cache may be None at the "
+                 "first step). The new query then attends to every cached position and to itself: scaled dot products "
+                 "with all the keys, a softmax, and the weighted sum of all the values.",
             make_cases=_step_cases,
             verify=_verify_step,
         ),

@@ -1,0 +1,481 @@
+"""What learners are told: inputs changed in place, hints that teach without the solution's code, feedback
+files, check cells and helpers from other cells, and the class summary (issue 24, item 2)."""
+
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+import torch
+
+from attention_course.grading import get_exercise
+from attention_course.grading.checker import Checker
+from attention_course.grading.evaluate import (
+    CARRIED_MARK,
+    CHECK_CELL_EDITED,
+    assemble,
+    carried_definitions,
+    carried_note,
+    check_cell_ok,
+    outside_names,
+    with_carried,
+)
+from attention_course.grading.grader import NotebookResult, grade_notebook
+from attention_course.grading.isolation import Limits
+from attention_course.grading.judge import FAILED, CaseVerdict, PartVerdict, shape_words
+from attention_course.grading.launcher import SandboxPool
+from attention_course.grading.notebook_format import (
+    BEGIN_SOLUTION,
+    BUGGY,
+    END_SOLUTION,
+    TAG_CHECK,
+    TAG_GRADED,
+    cell_part,
+    cell_tags,
+    notebook_exercise,
+)
+from attention_course.grading.report import Roster, class_summary, common_failures, feedback_html, feedback_markdown
+from attention_course.grading.spec import InputWatch, _TrackedRun
+from tests.grading.test_checks import SOLUTIONS, namespace_of, run_check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- a. inputs changed in place: one mechanism, every part ------------------------------------------------
+def _edit_in_place(value, depth: int = 0) -> bool:
+    """Change the first tensor (or module parameter) found in ``value`` in place; whether one was changed."""
+    if depth > 4:
+        return False
+    with torch.no_grad():
+        if isinstance(value, torch.Tensor) and value.numel() > 0:
+            try:
+                if value.dtype == torch.bool:
+                    value.logical_not_()
+                else:
+                    value.add_(1)
+                return True
+            except RuntimeError:  # an expanded view cannot be written to: try the next input
+                return False
+        if isinstance(value, torch.nn.Module):
+            return any(_edit_in_place(p, depth + 1) for p in list(value.parameters())[:1])
+        if isinstance(value, (list, tuple)):
+            return any(_edit_in_place(item, depth + 1) for item in value)
+        if isinstance(value, dict):
+            return any(_edit_in_place(item, depth + 1) for item in value.values())
+    return False
+
+
+def _editing(obj, edits: list[int]):
+    """The solution ``obj``, but changing its first editable input in place after computing its answer."""
+    if inspect.isclass(obj):
+        class Editing(obj):
+            def forward(self, *args, **kwargs):
+                output = super().forward(*args, **kwargs)
+                edits.append(_edit_in_place((*args, *kwargs.values())))
+                return output
+        return Editing
+
+    @functools.wraps(obj)
+    def editing(*args, **kwargs):
+        output = obj(*args, **kwargs)
+        edits.append(_edit_in_place((*args, *kwargs.values())))
+        return output
+    return editing
+
+
+def _has_editable_input(value, depth: int = 0) -> bool:
+    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+        return True
+    if depth < 4 and isinstance(value, (list, tuple)):
+        return any(_has_editable_input(item, depth + 1) for item in value)
+    if depth < 4 and isinstance(value, dict):
+        return any(_has_editable_input(item, depth + 1) for item in value.values())
+    return False
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_every_part_fails_a_solution_that_changes_its_input_in_place(path):
+    ex, namespace = namespace_of(path)
+    for part in ex.parts:
+        assert isinstance(part.run, _TrackedRun), f"{ex.id}.{part.name} bypasses the input watch"
+        edits: list[bool] = []
+        checker = Checker(ex, seed=0, isolated=False)
+        text = " ".join(run_check(checker, part.name, _editing(namespace[part.function], edits)).split())
+        if any(edits):
+            assert not checker.passed(part.name), f"{ex.id}.{part.name} passes a function that edits its input"
+            assert "changed its input `" in text and "in place" in text, f"{ex.id}.{part.name}: {text}"
+        else:  # nothing to edit: no case hands the function a tensor or a module
+            cases = part.make_cases(torch.Generator().manual_seed(0))
+            assert not any(_has_editable_input((c.args, c.kwargs)) for c in cases), f"{ex.id}.{part.name}: {text}"
+
+
+def test_the_watch_compares_the_tensors_passed_not_copies_of_them():
+    watch = InputWatch()
+
+    def residual(x, y):
+        y += x  # the caller's tensor changes
+        return y
+
+    watched = watch.watch(residual)
+    given = torch.ones(3)
+    watched(torch.ones(3), given)
+    assert watch.changed == ["y"] and torch.equal(given, torch.full((3,), 2.0))
+    clean = InputWatch()
+    clean.watch(lambda x, y: x + y)(torch.ones(3), torch.ones(3))
+    assert clean.changed == []
+
+
+def test_ex10_decoder_layer_with_in_place_residual_loses_its_points():
+    path = ROOT / "exercises" / "solutions" / "ex10_decoder_and_transformer.ipynb"
+    ex, namespace = namespace_of(path)
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if TAG_GRADED in cell_tags(c) and cell_part(c) == "decoder_layer_forward")
+    assert "y = y + " in cell.source
+    scope = dict(namespace)
+    exec(cell.source.replace("y = y + ", "y += "), scope)  # the learner's `y += ...` on the caller's y
+    checker = Checker(ex, seed=0, isolated=False)
+    text = " ".join(run_check(checker, "decoder_layer_forward", scope["decoder_layer_forward"]).split())
+    assert not checker.passed("decoder_layer_forward")
+    assert "your function changed its input `y` in place" in text
+    assert checker._verdicts["decoder_layer_forward"].score < ex.part("decoder_layer_forward").points
+
+
+# --- b. hints without any expression of the solution -------------------------------------------------------
+# Hint text and solution code are compared as tokens: Python's identifiers, numbers and operators, with
+# whitespace, quotes and backticks dropped (so `dim = -1` and "dim=-1" are the same four tokens). A hint fails
+# when it shares a run of at least RUN_TOKENS consecutive tokens with the solution code of its exercise and the
+# run holds a call or an index (a name, `)` or `]` followed by `(` or `[`). Why 6: the shortest give-away the
+# issue lists, `tokens[:, 1:]`, is 7 tokens, and a method call with two arguments, `.transpose(1, 2)`, is 6;
+# while 5 tokens leave prose room to name a function or a keyword (`F.cross_entropy`, `dim=-1)`, `sqrt(d_k)`),
+# which teaches what to look up without writing the line.
+RUN_TOKENS = 6
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|\*\*|//|->|==|!=|<=|>=|<<|>>"
+                    r"|[-+*/%@&|^~<>]=?|[()\[\]{},:.;=]")
+
+
+def code_tokens(text: str) -> list[str]:
+    """``text`` (code or prose) as normalised Python tokens."""
+    return _TOKEN.findall(text.translate(str.maketrans({"'": " ", '"': " ", "`": " "})))
+
+
+def solution_code(path: Path) -> str:
+    """The solution blocks of every graded cell of a solution notebook, comments dropped."""
+    lines: list[str] = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if TAG_GRADED not in cell_tags(cell):
+            continue
+        inside = False
+        for line in cell.source.splitlines():
+            if line.strip() == BEGIN_SOLUTION:
+                inside = True
+            elif line.strip() in (END_SOLUTION, BUGGY):
+                inside = False
+            elif inside:
+                lines.append(line.split("#")[0])
+    return "\n".join(lines)
+
+
+def shared_expressions(hint: str, solution: str, length: int = RUN_TOKENS) -> list[str]:
+    """The runs of at least ``length`` tokens that ``hint`` shares with ``solution`` and that hold a call or an
+    index, each as the longest such run from where it starts."""
+    said, code = code_tokens(hint), code_tokens(solution)
+    starts: dict[tuple[str, ...], list[int]] = {}
+    for j in range(len(code) - length + 1):
+        starts.setdefault(tuple(code[j:j + length]), []).append(j)
+    found, i = [], 0
+    while i <= len(said) - length:
+        if tuple(said[i:i + length]) not in starts:
+            i += 1
+            continue
+        longest = length
+        for j in starts[tuple(said[i:i + length])]:
+            k = length
+            while i + k < len(said) and j + k < len(code) and said[i + k] == code[j + k]:
+                k += 1
+            longest = max(longest, k)
+        run = said[i:i + longest]
+        if any((a[0].isalpha() or a[0] == "_" or a in ")]") and b in "([" for a, b in zip(run, run[1:])):
+            found.append(" ".join(run))
+        i += longest
+    return found
+
+
+NOTEBOOK_OF = {notebook_exercise(nbformat.read(path, as_version=4)): path for path in SOLUTIONS}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(NOTEBOOK_OF))
+def test_no_hint_holds_an_expression_of_the_solution(exercise_id):
+    solution = solution_code(NOTEBOOK_OF[exercise_id])
+    assert len(code_tokens(solution)) > 50
+    for part in get_exercise(exercise_id).parts:
+        for level, hint in enumerate(part.hints, start=1):
+            shared = shared_expressions(hint, solution)
+            assert not shared, f"{exercise_id}.{part.name} hint {level} writes the solution's code: {shared}"
+
+
+# The level-2 hints the issue found giving the solution away, word for word.
+GIVEN_AWAY = [
+    ("ex13", "torch.topk(logits, k, dim=-1).values[..., -1:] is each row's k-th largest value; every logit below "
+             "it is dropped (masked_fill with -inf)."),
+    ("ex13", "The predictions are logits[:, :-1], the targets tokens[:, 1:]. Flatten both and use F.cross_entropy."),
+    ("ex05", "Fill the blocked scores (where the mask is False: scores.masked_fill(~mask, value)) with "
+             "torch.finfo(scores.dtype).min rather than -inf, then zero the rows with no allowed key: "
+             "mask.any(dim=-1, keepdim=True) is False exactly there."),
+    ("ex05", "Write a helper causal_mask(L) = torch.ones(L, L, dtype=torch.bool).tril()."),
+]
+
+
+@pytest.mark.parametrize(("exercise_id", "hint"), GIVEN_AWAY)
+def test_the_hints_that_gave_the_solution_away_are_caught(exercise_id, hint):
+    shared = shared_expressions(hint, solution_code(NOTEBOOK_OF[exercise_id]))
+    assert shared and all(len(run.split()) >= RUN_TOKENS for run in shared), shared
+    # Naming what to use, without writing the line, passes.
+    assert not shared_expressions("use F.cross_entropy with ignore_index; dim=-1, sqrt(d_k), torch.topk",
+                                  solution_code(NOTEBOOK_OF[exercise_id]))
+
+
+# --- c. feedback files: the first hint by default, none for a part lost to its check cell -----------------
+def _result(parts: list[PartVerdict], path: str = "ada@uni.edu/ex05.ipynb") -> NotebookResult:
+    return NotebookResult(path, "ex05", sum(v.score for v in parts), sum(v.max_score for v in parts), parts)
+
+
+def _failed(part: str, *messages: str, passed: int = 0, points: int = 2) -> PartVerdict:
+    cases = tuple(CaseVerdict(f"case {i}", message) for i, message in enumerate(messages))
+    cases += tuple(CaseVerdict(f"passing case {i}", None) for i in range(passed))
+    return PartVerdict(part, points, FAILED, f"failed {len(messages)} cases; first: {messages[0]}", cases)
+
+
+def test_feedback_gives_the_concept_hint_and_the_approach_only_when_asked():
+    ex = get_exercise("ex05")
+    part = ex.part("masked_softmax")
+    result = _result([_failed("masked_softmax", "row 1 of your weights sums to 0.5")])
+    default = feedback_markdown(result)
+    assert part.hints[0] in default and "Hint (concept):" in default
+    assert part.hints[1] not in default and "Hint 2" not in default
+    asked = feedback_markdown(result, hint_levels=2)
+    assert part.hints[0] in asked and part.hints[1] in asked and "Hint 2 (approach):" in asked
+    assert part.hints[1] not in feedback_html(result) and part.hints[1] in html.unescape(feedback_html(result,
+                                                                                                      hint_levels=2))
+
+
+def test_feedback_gives_no_hint_for_a_part_lost_to_an_edited_check_cell():
+    ex = get_exercise("ex05")
+    lost = PartVerdict("masked_softmax", 2, FAILED, f"{CHECK_CELL_EDITED}; restore the cell "
+                                                    "`check.masked_softmax(masked_softmax)` to earn this part's marks")
+    text = feedback_markdown(_result([lost, _failed("scaled_scores", "your scores are off by a factor 2")]),
+                             hint_levels=2)
+    section = text.split("## masked_softmax")[1].split("## ")[0]
+    assert "restore the cell" in section
+    assert "Hint" not in section and ex.part("masked_softmax").hints[0] not in text
+    assert ex.part("scaled_scores").hints[0] in text  # the other failed part keeps its hints
+
+
+def test_the_edited_check_cell_verdict_starts_with_the_marker():
+    ex = get_exercise("ex05")
+    result = SimpleNamespace(cell_errors={}, failures={}, outcomes={})
+    verdicts = assemble(ex, {"scaled_scores": "def scaled_scores(Q, K): pass"}, {"scaled_scores": []}, result,
+                        check_cells={"scaled_scores": False})
+    assert verdicts[0].message.startswith(CHECK_CELL_EDITED)
+
+
+# --- f. the instructor's summary: missing learners, the most common failure reasons -----------------------
+def test_summary_lists_the_roster_members_without_a_notebook():
+    roster = Roster([{"email": "ada@uni.edu", "learner_id": "s001", "name": "Ada L."},
+                     {"email": "bob@uni.edu", "learner_id": "s002", "name": "Bob M."},
+                     {"file": "ex05_carol.ipynb", "learner_id": "s003", "name": ""}])
+    results = [_result([_failed("scaled_scores", "off by 2")], path="/class/ada@uni.edu/ex05.ipynb")]
+    assert roster.missing([r.path for r in results]) == [("s002", "Bob M."), ("s003", "")]
+    summary = class_summary(results, roster=roster)
+    assert "Missing: 2 of the roster's 3 learners sent no notebook" in summary
+    assert "- s002 (Bob M.)" in summary and "- s003\n" in summary and "s001" not in summary
+    everyone = [_result([], path=p) for p in ("/c/ada@uni.edu/x.ipynb", "/c/bob@uni.edu/x.ipynb",
+                                              "/c/ex05_carol.ipynb")]
+    assert "Missing: 0 of the roster's 3" in class_summary(everyone, roster=roster)
+
+
+def test_summary_gives_the_three_most_common_failure_reasons_of_each_part():
+    said = {"inverted": "your mask is inverted: True must mean 'may attend'",
+            "sums": "row {} of your weights sums to {}",
+            "nan": "your output has NaN in row {}",
+            "shape": "expected shape (2, 3), got (3, 2)"}
+    verdicts = ([_failed("masked_softmax", said["sums"].format(i, 0.5 + i)) for i in range(4)]
+                + [_failed("masked_softmax", said["inverted"]) for _ in range(3)]
+                + [_failed("masked_softmax", said["nan"].format(i)) for i in range(2)]
+                + [_failed("masked_softmax", said["shape"])])
+    ranked = common_failures(verdicts)
+    assert [count for count, _ in ranked] == [4, 3, 2]
+    assert ranked[0][1] == said["sums"].format(0, 0.5) and ranked[1][1] == said["inverted"]
+    passing = PartVerdict("masked_softmax", 2, "passed", "all 3 cases passed")
+    results = [_result([v, PartVerdict("scaled_scores", 1, "passed", "all")], path=f"/c/{i}.ipynb")
+               for i, v in enumerate([*verdicts, passing])]
+    summary = class_summary(results)
+    block = summary.split("Most common reasons")[1]
+    assert "- masked_softmax:\n  1. (4) row 0 of your weights sums to 0.5\n  2. (3) your mask is inverted" in block
+    assert "3. (2) your output has NaN in row 0" in block and "expected shape" not in block
+    assert "- scaled_scores: no failures." in block
+
+
+# --- d. check cells with extra lines; helpers and imports from other cells -----------------------------------
+@pytest.mark.parametrize(("source", "ok"), [
+    ("check.masked_softmax(masked_softmax)", True),
+    ("# my check\ncheck.masked_softmax(masked_softmax, hint=True)\n", True),
+    ("print(masked_softmax(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)))\n"
+     "check.masked_softmax(masked_softmax)\nimport time\nstart = time.time()", True),
+    ("%time x = 1\ncheck.masked_softmax(masked_softmax)", True),
+    ("", False),
+    ("check.masked_softmax(lambda s, m: torch.softmax(s, -1))", False),  # not the learner's function
+    ("masked_softmax = torch.softmax\ncheck.masked_softmax(masked_softmax)", False),  # rebinds it first
+    ("def masked_softmax(s, m):\n    return s\ncheck.masked_softmax(masked_softmax)", False),
+    ("from torch import softmax as scaled_scores\ncheck.masked_softmax(masked_softmax)", False),  # another part's
+    ("check = exercise('ex05')\ncheck.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax)\ncheck.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax)\ncheck._verdicts.clear()", False),
+    ("if True:\n    check.masked_softmax(masked_softmax)", False),
+    ("check.masked_softmax(masked_softmax, hint='yes')", False),
+])
+def test_a_check_cell_may_hold_other_lines_that_leave_the_check_alone(source, ok):
+    functions = [part.function for part in get_exercise("ex05").parts]
+    assert check_cell_ok(source, "masked_softmax", "masked_softmax", functions) is ok
+
+
+def test_plain_helpers_and_imports_of_other_cells_are_carried_and_nothing_else():
+    graded = {"a": "def a(x):\n    return helper(x) + np.pi + THRESHOLD\n", "b": "def b(x):\n    return x\n"}
+    others = ["import numpy as np, os\nTHRESHOLD = 3\n",
+              "def helper(x):\n    return inner(x)\n\ndef inner(x):\n    return x * 2\n",
+              "def helper(x):  # the later definition wins, as in a kernel run top to bottom\n    return inner(x)\n",
+              "@staticmethod\ndef decorated(x):\n    return x\nclass Thing:\n    pass\n",
+              "def b(x):\n    return 0\ndef check(*a):\n    pass\n"]
+    carried = carried_definitions(graded, others, "import torch\n", ["a", "b"])
+    assert set(carried) == {"a"}
+    code, names = carried["a"]
+    assert names == ["np", "helper", "inner"]
+    assert "import numpy as np" in code and "os" not in code and "THRESHOLD" not in code
+    assert "def helper" in code and "def inner" in code and "return 0" not in code
+    scope: dict = {}
+    exec(with_carried(graded["a"], carried["a"]), scope)
+    assert callable(scope["a"]) and callable(scope["helper"]) and callable(scope["inner"])
+    assert "THRESHOLD" in outside_names([with_carried(graded["a"], carried["a"])], "import torch\n")
+    assert CARRIED_MARK in with_carried(graded["a"], carried["a"])
+    assert "`np`, `helper`, `inner` from your other cells" in carried_note(carried)
+    # A name that the graded cells or the preamble define is never carried (the graded cell's wins).
+    assert carried_definitions({"a": "import numpy as np\ndef a(x):\n    return helper(x)\n"},
+                               ["import math as np\ndef helper(x):\n    return x\n"], "", ["a"])["a"][1] == ["helper"]
+
+
+def _ex05_notebook(folder: Path, edit) -> Path:
+    path = ROOT / "exercises" / "solutions" / "ex05_scaling_and_masking.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    edit(nb)
+    out = folder / "ex05_scaling_and_masking.ipynb"
+    nbformat.write(nb, out)
+    return out
+
+
+def _cell(nb, tag: str, part: str):
+    return next(c for c in nb.cells if tag in cell_tags(c) and cell_part(c) == part)
+
+
+def test_the_grader_carries_helpers_keeps_the_rules_and_accepts_a_chatty_check_cell(tmp_path):
+    def edit(nb):
+        masked = _cell(nb, TAG_GRADED, "masked_softmax")
+        index = nb.cells.index(masked)
+        # The learner moved the whole function body into a helper in a scratch cell, with an import.
+        body = masked.source.split("### BEGIN SOLUTION\n")[1].split("    ### END SOLUTION")[0]
+        masked.source = ("def masked_softmax(scores, mask):\n    return softmax_helper(scores, mask)\n")
+        nb.cells.insert(index, nbformat.v4.new_code_cell(
+            "import numpy as np\nimport torch\n\ndef softmax_helper(scores, mask):\n"
+            f"    assert np.isfinite(1.0)\n{body}"))
+        # A debug line in a check cell that still calls the check.
+        check = _cell(nb, TAG_CHECK, "masked_softmax")
+        check.source = "print('about to check')\n" + check.source
+        # A helper in another cell that reaches for the course library: carried, then refused by the rule.
+        scores = _cell(nb, TAG_GRADED, "scaled_scores")
+        scores.source = "def scaled_scores(Q, K):\n    return borrowed(Q, K)\n"
+        nb.cells.insert(nb.cells.index(scores), nbformat.v4.new_code_cell(
+            "import attention_course as ac\n\ndef borrowed(Q, K):\n"
+            "    return ac.scaled_dot_product_attention(Q, K, K)[1]\n"))
+
+    result = grade_notebook(_ex05_notebook(tmp_path, edit), timeout=30, seed=3, isolation="auto")
+    verdicts = {v.part: v for v in result.parts}
+    assert verdicts["masked_softmax"].passed, verdicts["masked_softmax"].message
+    assert verdicts["scaled_scores"].score == 0 and "no marks" in verdicts["scaled_scores"].message
+    assert "ac.scaled_dot_product_attention" in verdicts["scaled_scores"].message
+    assert "`softmax_helper`" in result.message and "carried into the graded run" in result.message
+    assert "`np`" in result.message
+
+
+# --- e. messages that say what is wrong --------------------------------------------------------------------
+def _ex13_with(part: str, old: str, new: str):
+    path = ROOT / "exercises" / "solutions" / "ex13_decoder_only_language_models.ipynb"
+    ex, namespace = namespace_of(path)
+    cell = next(c for c in nbformat.read(path, as_version=4).cells
+                if TAG_GRADED in cell_tags(c) and cell_part(c) == part)
+    assert cell.source.count(old) == 1
+    scope = dict(namespace)
+    exec(cell.source.replace(old, new), scope)
+    checker = Checker(ex, seed=0, isolated=False)
+    return checker, " ".join(run_check(checker, part, scope[ex.part(part).function]).split())
+
+
+def test_a_sampler_that_never_applies_top_p_is_told_so():
+    checker, text = _ex13_with("sample_next_token", "filtered = top_p_filter(filtered, top_p)", "pass")
+    assert not checker.passed("sample_next_token")
+    assert "which top-p = 0.6 removes" in text and "without the top-p filter" in text
+    assert "do not filter after drawing" not in text
+    checker, text = _ex13_with("sample_next_token", "filtered = top_k_filter(filtered, top_k)", "pass")
+    assert "which top-k = 2 removes" in text and "without the top-k filter" in text
+
+
+def test_a_cache_joined_along_the_wrong_dimension_is_explained_with_its_shapes():
+    checker, text = _ex13_with("cached_attention_step", "torch.cat([past_keys, k], dim=1)",
+                               "torch.cat([past_keys, k], dim=0)")
+    assert not checker.passed("cached_attention_step")
+    assert "shapes do not fit: you joined tensors (torch.cat or torch.stack) along dimension 0" in text
+    assert "one has size 4 where another has size 1" in text
+    assert "This case gives your function tensors of shapes (2, 1, 8), (8, 8), (8, 8), (8, 8), (2, 4, 8)" in text
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda: torch.zeros(6, 8) @ torch.zeros(4, 8), "a (6, 8) matrix by a (4, 8) matrix"),
+    (lambda: torch.zeros(2, 6, 8) @ torch.zeros(2, 4, 8), "must be (2, 8), yours are (2, 4)"),
+    (lambda: torch.zeros(2, 3) + torch.zeros(2, 4), "has sizes 3 and 4"),
+    (lambda: torch.zeros(7).view(2, 3), "7 numbers into the shape (2, 3)"),
+    (lambda: torch.zeros(2, 1, 8).expand(3, 1, 8), "a tensor of shape (2, 1, 8) to (3, 1, 8)"),
+])
+def test_pytorch_shape_errors_read_in_plain_words(make, words):
+    with pytest.raises(RuntimeError) as error:
+        make()
+    assert words in shape_words(str(error.value))
+    assert shape_words("CUDA out of memory") is None
+
+
+# --- g. the notebook check's worker is started ahead of need, after the check before it --------------------
+def test_a_pool_taken_without_refill_starts_the_replacement_only_when_asked(monkeypatch):
+    started: list[object] = []
+
+    class Fake:
+        def poll(self):
+            return None
+
+        def kill(self):
+            pass
+
+    def start(self):
+        started.append(Fake())
+        return started[-1]
+
+    monkeypatch.setattr(SandboxPool, "_start", start)
+    workers = SandboxPool(True, Limits(), 1000, size=1)
+    workers.fill()
+    assert len(started) == 1
+    first = workers.take(refill=False)
+    assert first is started[0] and len(started) == 1 and not workers._warm  # nothing competes with the check
+    workers.fill()  # after the check (run_parts(warm_after=True))
+    assert len(started) == 2 and workers._warm == [started[1]]
+    assert workers.take() is started[1] and len(started) == 3  # the grader's order: replace at once
