@@ -108,11 +108,13 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
         return torch.softmax(scores, dim=-1).to(input_dtype)
     check_mask(mask, scores.shape)
     mask = mask.to(scores.device)  # a mask built on the CPU also works for a model on the GPU
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    # torch.where gives the same values and gradients as masked_fill(~mask, ...), but without inverting the
+    # mask and, on a CPU, several times faster when a (L, L) mask broadcasts over the batch and the heads.
+    scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)
     # Blocked keys get exactly zero. This covers a row with no allowed key (its softmax is uniform over
     # blocked keys, which must not leak through) and allowed scores at or below the fill value.
-    return weights.masked_fill(~mask, 0.0).to(input_dtype)
+    return torch.where(mask, weights, 0.0).to(input_dtype)
 
 
 def _describe(x: object) -> str:

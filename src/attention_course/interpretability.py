@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attention_course.checks import check_int
 from attention_course.masks import causal_mask
 from attention_course.multihead import MultiHeadAttention
+from attention_course.runtime import fused_adam
 
 __all__ = [
     "AttentionCapture",
@@ -224,7 +225,7 @@ def train_on_repeats(model: nn.Module, steps: int, vocab_size: int, half_lengths
     check_int("half_lengths[0]", shortest, minimum=2)
     check_int("half_lengths[1]", longest, minimum=shortest)
     device = next(model.parameters()).device
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=fused_adam(device))
     log = RepeatsLog()
     model.train()
     start = time.perf_counter()

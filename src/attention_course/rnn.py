@@ -29,6 +29,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attention_course.additive import AdditiveAttention
 from attention_course.attention import masked_softmax
+from attention_course.runtime import fused_adam
 
 __all__ = [
     "AttentionGRUDecoder",
@@ -456,7 +457,7 @@ def train_seq2seq(
     if batch_size > src.size(0):
         raise ValueError(f"batch_size {batch_size} is larger than the {src.size(0)} training examples")
     device = next(model.parameters()).device
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=fused_adam(device))
     batches = _batches(src.size(0), batch_size, torch.Generator().manual_seed(seed))
     losses = []
     model.train()

@@ -19,8 +19,8 @@ import torch
 
 T = TypeVar("T")
 
-__all__ = ["WORKLOAD_ENV", "BF16_NATIVE_CAPABILITY", "autocast_dtype", "seed_everything", "get_device", "on_gpu",
-           "workload"]
+__all__ = ["WORKLOAD_ENV", "BF16_NATIVE_CAPABILITY", "autocast_dtype", "fused_adam", "seed_everything",
+           "get_device", "on_gpu", "workload"]
 
 #: The environment variable that forces :func:`workload`'s choice: ``gpu`` (GPU sizes even on the CPU, for
 #: checking a GPU learner's claims without a GPU) or ``cpu``; unset or empty, the device decides.
@@ -175,3 +175,17 @@ def autocast_dtype(
     else:
         return None
     return torch.bfloat16 if tuple(capability) >= BF16_NATIVE_CAPABILITY else torch.float16
+
+
+def fused_adam(device: torch.device | str | None = None) -> bool | None:
+    """The ``fused=`` argument for ``torch.optim.Adam`` and ``AdamW`` on ``device``.
+
+    True on a CPU: there PyTorch's default is a Python loop over the parameters with several small
+    operations each, which costs a small model more than its matrix products; the fused kernel updates
+    every parameter in one call, with the same update up to float rounding. None elsewhere: PyTorch then
+    chooses (its multi-tensor ``foreach`` implementation on a GPU).
+
+    Args:
+        device: the device of the parameters (default: the course device).
+    """
+    return True if _as_device(device).type == "cpu" else None

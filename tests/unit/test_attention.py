@@ -249,3 +249,23 @@ def test_integer_inputs_and_scores_are_refused():
         scaled_dot_product_attention(q, k, v)
     with pytest.raises(TypeError, match="floating-point"):
         masked_softmax(torch.ones(2, 3, dtype=torch.long))
+
+
+def test_masked_softmax_values_and_gradients_equal_the_masked_fill_formulation():
+    """The torch.where form is bitwise the masked_fill(~mask, ...) one: values and gradients, empty rows too."""
+    g = torch.Generator().manual_seed(0)
+    scores = (3 * torch.randn(2, 3, 5, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    mask = causal_mask(5).clone()
+    mask[1] = False  # a query row with no allowed key
+    upstream = torch.randn(2, 3, 5, 5, generator=g, dtype=torch.float64)
+
+    reference_scores = scores.detach().clone().requires_grad_()
+    filled = reference_scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    reference = torch.softmax(filled, dim=-1).masked_fill(~mask, 0.0)
+    reference.backward(upstream)
+
+    ours = masked_softmax(scores, mask)
+    ours.backward(upstream)
+    assert torch.equal(ours, reference)
+    assert torch.equal(scores.grad, reference_scores.grad)
+    assert torch.equal(ours[..., 1, :], torch.zeros(2, 3, 5, dtype=torch.float64))

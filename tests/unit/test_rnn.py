@@ -182,6 +182,22 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
+def test_training_with_the_fused_adam_follows_the_per_parameter_loop(one_thread, monkeypatch):
+    """On a CPU train_seq2seq asks for the fused Adam; its losses are those of PyTorch's default loop."""
+    from attention_course import rnn
+
+    data = make_sequence_task(256, 2, 4, task="reverse", seed=0)
+    runs = {}
+    for fused in (True, None):
+        monkeypatch.setattr(rnn, "fused_adam", lambda device, fused=fused: fused)
+        torch.manual_seed(0)
+        model = Seq2SeqGRU(data.vocab_size, data.vocab_size, hidden_dim=16, attention=True)
+        runs[fused] = torch.tensor(train_seq2seq(model, data.src, data.tgt_in, data.tgt_out, steps=30,
+                                                 batch_size=32, lr=1e-2, progress=False))
+    assert runs[True][-5:].mean() < 0.8 * runs[True][:5].mean()  # it trained
+    torch.testing.assert_close(runs[True], runs[None], rtol=1e-4, atol=1e-4)
+
+
 def test_training_reduces_the_loss(one_thread):
     torch.manual_seed(0)
     data = make_sequence_task(256, 2, 4, task="reverse", seed=0)

@@ -178,3 +178,29 @@ def test_the_float16_path_trains_with_a_gradient_scaler_on_the_cpu():
     assert scaler.is_enabled() and scaler.get_scale() > 1  # the scaler was in use
     assert all(p.dtype is torch.float32 and torch.isfinite(p).all() for p in model.parameters())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_fused_adam_is_chosen_on_the_cpu_only():
+    assert runtime.fused_adam("cpu") is True
+    assert runtime.fused_adam(torch.device("cpu")) is True
+    # Elsewhere PyTorch keeps its own choice (foreach on a GPU): no device is queried, so this runs anywhere.
+    assert runtime.fused_adam("cuda") is None
+    assert runtime.fused_adam("meta") is None
+
+
+@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.AdamW])
+def test_fused_adam_gives_the_same_updates_as_the_per_parameter_loop(optimizer_class):
+    """The fused kernel the library asks for on a CPU is the same algorithm as PyTorch's default loop."""
+    parameters = {}
+    for fused in (None, runtime.fused_adam("cpu")):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+        optimizer = optimizer_class(model.parameters(), lr=3e-2, betas=(0.9, 0.95), weight_decay=0.1, fused=fused)
+        x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+        for _ in range(20):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        parameters[fused] = [p.detach().clone() for p in model.parameters()]
+    for reference, fused in zip(parameters[None], parameters[True]):
+        torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
