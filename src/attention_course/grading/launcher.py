@@ -294,7 +294,7 @@ class SandboxPool:
         return Sandbox(*self._key)
 
     def take(self, refill: bool = True) -> Sandbox:
-        """A sandbox no job has used; keeps the pool topped up (with ``refill``; else :meth:`fill` later, e.g.
+        """A sandbox no job has used; keeps the pool topped up (with ``refill``; else ``fill()`` later, e.g.
         once the job is done, so that the replacement's start does not compete with it for the processor)."""
         with self._lock:
             if self.closed:

@@ -256,7 +256,7 @@ class InputWatch:
     compares the arguments it was given, before and after: the very tensors the judge passed (a part's ``run``
     may hand over clones it built itself, e.g. ``y.clone()``: it is those clones that are compared), lists,
     tuples and dicts of them, and the parameters and buffers of modules passed in. What changed is named in
-    :attr:`changed`. Every :class:`Part`'s ``run`` goes through it (see :class:`_TrackedRun`).
+    its ``changed`` list. Every :class:`Part`'s ``run`` goes through it (see :class:`_TrackedRun`).
     """
 
     def __init__(self) -> None:
@@ -276,7 +276,7 @@ class InputWatch:
 
     def watch(self, obj: Any) -> Any:
         """``obj`` as the judge's ``run`` should call it: a function is wrapped; a class that builds
-        ``nn.Module``s gives modules whose every call is watched; anything else is returned as it is."""
+        ``nn.Module`` objects gives modules whose every call is watched; anything else is returned as it is."""
         if inspect.isclass(obj):
             if not issubclass(obj, torch.nn.Module):
                 return obj
