@@ -369,16 +369,6 @@ GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
     "captures_torchs_rms_norm_in_a_default": (EX13, {"rms_norm": (
         "def rms_norm(x, weight, eps=1e-5, _norm=getattr(torch.nn.functional, 'rms' + '_norm')):\n"
         "    return _norm(x, (x.shape[-1],), weight, eps)\n")}, "runtime"),
-    # The same, with PyTorch's __torch_function__ handling switched off: refused in the dispatcher.
-    "calls_torchs_rms_norm_with_torch_function_disabled": (EX13, {"rms_norm": (
-        "def rms_norm(x, weight, eps=1e-5):\n"
-        "    with getattr(torch._C, 'Disable' + 'TorchFunction')():\n"
-        "        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)\n")}, "runtime"),
-    "captures_the_switch_and_the_aten_operator": (EX13, {"rms_norm": (
-        "_switch_off = torch._C.DisableTorchFunction\n"
-        "def rms_norm(x, weight, eps=1e-5, _operator=torch.ops.aten.rms_norm.default):\n"
-        "    with _switch_off():\n"
-        "        return _operator(x, [x.shape[-1]], weight, eps)\n")}, "runtime"),
     "unpickles_the_graders_reference": (EX13, {"top_k_filter": (
         "import pickle\n"
         "def top_k_filter(logits, k):\n"

@@ -18,7 +18,6 @@ by calling it (the course library's ``ac.RMSNorm`` is refused by the library rul
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -454,37 +453,14 @@ _REFUSAL = ("this part asks you to write RMSNorm from its formula: PyTorch's own
             "torch.rms_norm) does not run here")
 
 
-def _refuse(*args: Any, **kwargs: Any) -> Any:
-    raise TorchRMSNormRefused(_REFUSAL)
-
-
 class _RefuseTorchRMSNorm(TorchFunctionMode):
     """While active, every PyTorch function whose name holds ``rms_norm`` (``F.rms_norm``, ``torch.rms_norm``,
     ``nn.RMSNorm``'s forward, ``torch.ops.aten.rms_norm`` and ``_fused_rms_norm``) raises instead of running.
 
-    Two layers: the mode sees the Python-level call, and for as long as it is active the ``aten`` operators'
-    kernels are replaced in PyTorch's dispatcher, so code that switches ``__torch_function__`` handling off
-    (``torch._C.DisableTorchFunction``) or calls the operator by another route still meets the refusal. The
-    kernels are registered through ``torch._C._dispatch_library``, what ``torch.library.Library`` calls,
-    because ``Library`` reads the caller's frame, which the run-time guard refuses in a worker."""
-
-    def __enter__(self) -> _RefuseTorchRMSNorm:
-        self._kernels = torch._C._dispatch_library("IMPL", "aten", "", __file__, 0)
-        with warnings.catch_warnings():  # "overriding a previously registered kernel" is what is meant
-            warnings.simplefilter("ignore")
-            for operator in ("rms_norm", "_fused_rms_norm"):
-                for key in ("CompositeImplicitAutograd", "CPU", "CUDA"):
-                    try:
-                        self._kernels.impl(operator, key, _refuse, False)
-                    except RuntimeError:  # an operator or key this build of PyTorch lacks
-                        pass
-        return super().__enter__()
-
-    def __exit__(self, *exc_info: Any) -> None:
-        try:
-            super().__exit__(*exc_info)
-        finally:
-            self._kernels.reset()  # PyTorch's own kernels are back, for the reference
+    Code that switches PyTorch's ``__torch_function__`` handling off through its private ``torch._C`` API steps
+    round the mode; the dispatcher could refuse the operator itself, but only through private API too (public
+    ``torch.library.Library`` reads the caller's frame, which the run-time guard refuses), and the course
+    uses none (``tests/unit/test_runtime.py``)."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if "rms_norm" in str(getattr(func, "__name__", func)):
