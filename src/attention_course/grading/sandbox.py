@@ -345,19 +345,26 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_l
     return _Attempt(protocol.events, protocol.blobs, reason, tail, protocol.cpu, sandbox.peak_memory)
 
 
+def _isolated(isolation: str) -> bool:
+    """Whether to run under bubblewrap: ``"none"`` never; ``"auto"`` where it works here; ``"required"``
+    where it works, else :class:`SandboxUnavailable`."""
+    if isolation == "none":
+        return False
+    try:
+        check_sandbox()
+    except SandboxUnavailable:
+        if isolation == "required":
+            raise
+        return False
+    return True
+
+
 def prewarm(isolation: str = "auto", limits: Limits | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
             size: int = 1) -> None:
     """Start ``size`` sandboxes now (without waiting for them), for the next :func:`run_parts` with these
     settings: the notebook's ``exercise(...)`` calls it, so that the first check finds a worker whose imports
     are done, and every check (``warm=1``) leaves one started for the next. Each is still used once."""
-    isolated = isolation != "none"
-    if isolated:
-        try:
-            check_sandbox()
-        except SandboxUnavailable:
-            if isolation == "required":
-                raise
-            isolated = False
+    isolated = _isolated(isolation)
     pool(isolated, limits or Limits(), output_limit, size).fill()
 
 
@@ -400,14 +407,7 @@ def run_parts(
     """
     if isolation not in ("required", "auto", "none"):
         raise ValueError(f"isolation must be 'required', 'auto' or 'none', got {isolation!r}")
-    isolated = isolation != "none"
-    if isolated:
-        try:
-            check_sandbox()
-        except SandboxUnavailable:
-            if isolation == "required":
-                raise
-            isolated = False
+    isolated = _isolated(isolation)
     limits = limits or Limits()
     workers = pool(isolated, limits, output_limit, warm)
     try:
