@@ -54,12 +54,10 @@ def _parse(source: str) -> ast.Module | None:
     return parse(source)  # IPython syntax read in one bounded pass (learner_text)
 
 
-def bound_names(source: str) -> set[str]:
-    """Every name the cell binds anywhere (assignments, defs, classes, imports, arguments, loop targets)."""
-    tree = _parse(source)
+def _bound_in(tree: ast.AST) -> set[str]:
+    """Every name ``tree`` binds anywhere (assignments, defs, classes, imports, arguments, loop targets,
+    exception names, ``global``/``nonlocal`` declarations)."""
     names: set[str] = set()
-    if tree is None:
-        return names
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             names.add(node.id)
@@ -72,7 +70,15 @@ def bound_names(source: str) -> set[str]:
             names.add(node.arg)
         elif isinstance(node, ast.ExceptHandler) and node.name:
             names.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
     return names
+
+
+def bound_names(source: str) -> set[str]:
+    """Every name the cell binds anywhere (assignments, defs, classes, imports, arguments, loop targets)."""
+    tree = _parse(source)
+    return set() if tree is None else _bound_in(tree)
 
 
 def loaded_names(source: str) -> set[str]:
@@ -145,16 +151,7 @@ def check_cell_ok(source: Any, part: str, function: str, functions: Sequence[str
         if node is calls[0]:
             continue
         names = {child.id for child in ast.walk(node) if isinstance(child, ast.Name)}
-        bound: set[str] = set()
-        for child in ast.walk(node):
-            if isinstance(child, ast.Name) and isinstance(child.ctx, (ast.Store, ast.Del)):
-                bound.add(child.id)
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                bound.add(child.name)
-            elif isinstance(child, (ast.Import, ast.ImportFrom)):
-                bound |= {(alias.asname or alias.name).split(".")[0] for alias in child.names}
-            elif isinstance(child, (ast.Global, ast.Nonlocal)):
-                bound |= set(child.names)
+        bound = _bound_in(node)
         if "check" in names or bound & protected:
             return False
     return True
