@@ -10,6 +10,9 @@ A language model gives, at each step, logits ``z`` over the vocabulary. Decoding
 
 Filters act on the *logits* (setting the dropped ones to ``-inf``), after the temperature and before the one
 softmax that sampling needs, so the kept tokens keep their relative probabilities.
+
+:func:`chi_square_p_value` tests a sampler: whether the counts of many draws fit the distribution it should
+draw from (the grader's check of a learner's sampler, and chapter 17's check of speculative sampling).
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["sample_next_token", "temperature_probabilities", "top_k_filter", "top_p_filter"]
+__all__ = ["chi_square_p_value", "sample_next_token", "temperature_probabilities", "top_k_filter",
+           "top_p_filter"]
+
+# Cells expected fewer draws than this are pooled into one before the chi-square test: Pearson's
+# statistic follows its chi-square law only when every cell expects a handful of draws.
+_MIN_EXPECTED = 5.0
 
 
 def _check_logits(logits: object) -> None:
@@ -139,3 +147,56 @@ def sample_next_token(
     probs = torch.softmax(logits.float(), dim=-1)  # (..., V); dropped tokens have probability 0
     flat = probs.reshape(-1, probs.size(-1))  # multinomial takes (N, V)
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def chi_square_p_value(counts: Tensor, expected: Tensor) -> float:
+    """Pearson's chi-square goodness-of-fit p-value of observed ``counts`` against ``expected`` counts.
+
+    The statistic is ``sum((counts - expected)^2 / expected)`` over the cells, compared with the chi-square
+    law of (cells - 1) degrees of freedom. Cells expected fewer than 5 draws are pooled
+    into one first. A small p-value says the draws did not come from the expected distribution: reject
+    at a significance fixed in advance. An outcome expected never but drawn gives 0.0.
+
+    Args:
+        counts: ``(...)`` how often each outcome was drawn (flattened; non-negative).
+        expected: the same shape: each outcome's probability times the number of draws (the same total).
+
+    Returns:
+        The p-value in [0, 1]; 1.0 when fewer than two cells remain (nothing to test).
+
+    Raises:
+        TypeError: ``counts`` or ``expected`` is not a tensor.
+        ValueError: different shapes, negative or non-finite entries, or totals that differ.
+
+    Example:
+        >>> chi_square_p_value(torch.tensor([50., 50.]), torch.tensor([50., 50.]))
+        1.0
+    """
+    for name, value in (("counts", counts), ("expected", expected)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if counts.shape != expected.shape:
+        raise ValueError(f"counts and expected must have the same shape, got {tuple(counts.shape)} and "
+                         f"{tuple(expected.shape)}")
+    counts, expected = counts.double().flatten(), expected.double().flatten()
+    for name, value in (("counts", counts), ("expected", expected)):
+        if not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+            raise ValueError(f"{name} must be finite and non-negative")
+    total, total_expected = float(counts.sum()), float(expected.sum())
+    if abs(total - total_expected) > 1e-3 * max(total, total_expected, 1.0):
+        raise ValueError(f"counts and expected must have the same total, got {total:g} and {total_expected:g}")
+    if bool((counts[expected == 0] > 0).any()):
+        return 0.0  # an impossible outcome was drawn
+    small = expected < _MIN_EXPECTED
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum().reshape(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
+        keep = expected > 0
+        counts, expected = counts[keep], expected[keep]
+    if expected.numel() < 2:
+        return 1.0
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    freedom = expected.numel() - 1
+    # The chi-square survival function: the regularised upper incomplete gamma Q(freedom / 2, statistic / 2).
+    return float(torch.special.gammaincc(torch.tensor(freedom / 2, dtype=torch.float64),
+                                         torch.tensor(statistic / 2, dtype=torch.float64)))

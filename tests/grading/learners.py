@@ -362,6 +362,29 @@ def one_hot_of_first_max(scores):
 
     return cross_entropy(logits_without(head)) - cross_entropy(logits_without(-1))""",
     }),
+    # ex17: the lookup by index_select and subtraction, the draft checked all at once (a running product of
+    # acceptances), the intensity summed sequence by sequence
+    Learner("ex17_vectorised_verification", "ex17_serving_attention", answers={
+        "locate": """\
+    entries = torch.div(positions, block_size, rounding_mode="floor")
+    return block_table.index_select(0, entries), positions - entries * block_size""",
+        "verify_draft": """\
+    k = draft_tokens.numel()
+    rows = torch.arange(k)
+    ratios = p_target[rows, draft_tokens] / p_draft[rows, draft_tokens]
+    still_accepted = (uniforms < ratios.clamp(max=1.0)).long().cumprod(dim=0)  # 1 until the first no
+    n = int(still_accepted.sum())
+    if n == k:
+        return n, p_target[k]
+    residual = torch.clamp(p_target[n] - p_draft[n], min=0.0)
+    return n, residual / residual.sum()""",
+        "decode_intensity": """\
+    flops, cache_values = 0, 0
+    for length in contexts.tolist():  # every sequence: its own FLOPs, its own keys and values
+        flops += 2 * num_params + 4 * num_layers * d_model * length
+        cache_values += 2 * num_layers * d_kv * length
+    return flops / (bytes_per_value * num_params + bytes_per_value * cache_values)""",
+    }),
     Learner("bug_hunt_float64", BUG_HUNT, answers={
         "layer_norm": """\
     x64 = x.double()

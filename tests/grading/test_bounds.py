@@ -2,14 +2,16 @@
 
 Each test is an attack that costs the grader (not the attacker) something without its bound: memory when
 results inflate or claim more elements than they hold, minutes when IPython's transformer reads a cell of
-shell lines, time that grows with the cells a learner brings, host memory shared by a sandbox's children,
-a classmate's grade.
+shell lines, time that grows with the cells a learner brings, host memory shared by a sandbox's children
+or held in System V shared memory, a classmate's grade.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import resource
+import shutil
 import zipfile
 
 import pytest
@@ -150,6 +152,52 @@ def test_children_and_shared_memory_share_one_limit():
                        [(part.name, part.make_cases(torch.Generator()))], timeout=30,
                        limits=Limits(sandbox_memory=limit))
     assert result.peak_memory is not None and result.peak_memory <= limit * 1.01, result.peak_memory
+
+
+SYSV_SEGMENTS = """
+import ctypes
+IPC_PRIVATE, IPC_CREAT, IPC_RMID, MIB = 0, 0o1000, 0, 2**20
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+
+
+def hard_attention_weights(scores):
+    # System V segments belong to no process: made here, they would outlive the sandbox's processes.
+    made, mib = [], 0
+    for size in [100] * 30 + [700]:  # 3 GB of 100 MB segments, then one of 700 MB
+        ident = libc.shmget(IPC_PRIVATE, size * MIB, IPC_CREAT | 0o600)
+        if ident >= 0:
+            made.append(ident)
+            mib += size
+    for ident in made:  # never touched, so they cost no memory; removed all the same
+        libc.shmctl(ident, IPC_RMID, None)
+    return torch.full_like(scores, float(mib))
+"""
+
+
+def _sysv_megabytes(limit: int) -> float:
+    """MiB of System V shared memory a sandboxed notebook managed to create (see SYSV_SEGMENTS)."""
+    exercise = get_exercise("ex02")
+    part = exercise.part("hard_attention_weights")
+    result = run_parts("ex02", exercise.preamble, [(0, part.name, SYSV_SEGMENTS)],
+                       [(part.name, part.make_cases(torch.Generator()))], timeout=30,
+                       limits=Limits(sandbox_memory=limit))
+    assert part.name in result.outcomes, (result.failures, result.cell_errors)
+    return float(result.outcomes[part.name][0]["value"].flatten()[0])
+
+
+@needs_bwrap
+def test_system_v_shared_memory_is_held_to_the_sandbox_limit(monkeypatch):
+    """shmget segments count against no process's address space: the sandbox's IPC namespace gets
+    kernel.shm* limits at the sandbox's memory limit. Without them (the control) the same code creates
+    3.7 GB of segments."""
+    if os.geteuid() != 0 or shutil.which("nsenter") is None:
+        pytest.skip("kernel.shm* limits are set as root with nsenter only (not root here, or no nsenter)")
+    limit = 600 * 2**20
+    assert 0 < _sysv_megabytes(limit) <= limit / 2**20  # some segments, never more than the limit
+    monkeypatch.setattr(memory_cgroup, "limit_shared_memory", lambda pid, limit: False)
+    assert _sysv_megabytes(limit) == 30 * 100 + 700  # the control: nothing else holds it
 
 
 def test_without_a_cgroup_the_grader_says_so(monkeypatch):

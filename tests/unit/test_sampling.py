@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attention_course as ac
-from attention_course.sampling import top_k_filter, top_p_filter
+from attention_course.sampling import chi_square_p_value, top_k_filter, top_p_filter
 
 
 def test_temperature_zero_is_argmax_and_ignores_filters():
@@ -71,3 +71,34 @@ def test_non_floating_logits_raise():
         ac.sample_next_token(torch.tensor([1, 2, 3]))
     with pytest.raises(TypeError, match="Tensor"):
         ac.sample_next_token([0.1, 0.2])
+
+
+# --- the chi-square test of a sampler ------------------------------------------------------------------------
+def test_chi_square_p_value_matches_the_closed_forms():
+    # One degree of freedom: statistic 10 (two cells 10 off 20) -> p = erfc(sqrt(10 / 2)).
+    p = chi_square_p_value(torch.tensor([30.0, 10.0]), torch.tensor([20.0, 20.0]))
+    assert p == pytest.approx(math.erfc(math.sqrt(5.0)), rel=1e-9)
+    # Two degrees of freedom: p = exp(-statistic / 2); here the statistic is 200 / 30.
+    p = chi_square_p_value(torch.tensor([40.0, 20.0, 30.0]), torch.tensor([30.0, 30.0, 30.0]))
+    assert p == pytest.approx(math.exp(-(200 / 30) / 2), rel=1e-9)
+    assert chi_square_p_value(torch.tensor([25.0, 25.0]), torch.tensor([25.0, 25.0])) == 1.0
+
+
+def test_chi_square_p_value_pools_rare_cells_and_refuses_impossible_draws():
+    # Two rare cells (expected 2 each) are pooled into one expected 4 that holds the 4 drawn: a perfect fit
+    # (unpooled, the statistic would be 4 on three degrees of freedom, p about 0.26).
+    pooled = chi_square_p_value(torch.tensor([48.0, 48.0, 0.0, 4.0]), torch.tensor([48.0, 48.0, 2.0, 2.0]))
+    assert pooled == pytest.approx(1.0)
+    # A draw of an outcome the distribution never gives is a certain rejection.
+    assert chi_square_p_value(torch.tensor([50.0, 49.0, 1.0]), torch.tensor([50.0, 50.0, 0.0])) == 0.0
+
+
+def test_chi_square_p_value_refuses_bad_input():
+    with pytest.raises(TypeError, match="counts"):
+        chi_square_p_value([1.0, 2.0], torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="same shape"):
+        chi_square_p_value(torch.ones(3), torch.ones(2))
+    with pytest.raises(ValueError, match="same total"):
+        chi_square_p_value(torch.tensor([10.0, 10.0]), torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match="non-negative"):
+        chi_square_p_value(torch.tensor([-1.0, 3.0]), torch.tensor([1.0, 1.0]))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attention_course as ac
+from attention_course.sampling import chi_square_p_value
 
 
 def _model(vocab=40, d_model=32, heads=4, layers=2, seed=0, **kwargs):
@@ -195,14 +196,6 @@ def test_greedy_speculative_equals_greedy(draft_length):
     assert torch.equal(self_check.tokens, result.tokens)
 
 
-def _chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
-    expected = probabilities * counts.sum()
-    statistic = float(((counts - expected) ** 2 / expected).sum())
-    dof = counts.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
-
-
 def _sequence_distribution(model, prompt, vocab, length):
     """Exact probability of every continuation of ``length`` tokens under ``model``'s sampling."""
     sequences = list(itertools.product(range(vocab), repeat=length))
@@ -237,11 +230,11 @@ def test_speculative_sampling_keeps_the_target_distribution():
         rejected += result.proposed - result.accepted
     assert rejected > draws / 10  # the residual distribution was really used
     significance = 1e-3
-    assert _chi_square_p_value(counts, p_target) > significance
+    assert chi_square_p_value(counts, p_target * draws) > significance
     # The same test has the power to reject the draft's distribution from as many draws.
     draft_counts = torch.bincount(torch.multinomial(p_draft.float(), draws, replacement=True, generator=g),
                                   minlength=len(sequences)).double()
-    assert _chi_square_p_value(draft_counts, p_target) < significance
+    assert chi_square_p_value(draft_counts, p_target * draws) < significance
 
 
 def test_static_batching_sizes_its_cache_for_rows_that_keep_running():

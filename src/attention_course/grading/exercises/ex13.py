@@ -47,6 +47,7 @@ from attention_course.grading.spec import (
     randn,
     with_concepts,
 )
+from attention_course.sampling import chi_square_p_value
 from attention_course.sampling import top_k_filter as reference_top_k
 from attention_course.sampling import top_p_filter as reference_top_p
 
@@ -226,25 +227,6 @@ def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None,
 #: Significance of the sampling tests: a correct sampler fails a case with probability at most 2e-6 (two
 #: tests), so a class of a thousand learners sees a false failure about once in 500 gradings.
 SAMPLING_SIGNIFICANCE = 1e-6
-_MIN_EXPECTED = 5.0  # chi-square cells with fewer expected draws are pooled into one
-
-
-def chi_square_p_value(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson's chi-square goodness-of-fit p-value of ``counts`` against ``expected`` counts (same total;
-    cells expected fewer than 5 times pooled into one); 1.0 when fewer than two cells remain."""
-    counts, expected = counts.double().flatten(), expected.double().flatten()
-    small = expected < _MIN_EXPECTED
-    if small.any():
-        counts = torch.cat([counts[~small], counts[small].sum().reshape(1)])
-        expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
-        keep = expected > 0
-        counts, expected = counts[keep], expected[keep]
-    if expected.numel() < 2:
-        return 1.0
-    statistic = float(((counts - expected) ** 2 / expected).sum())
-    freedom = expected.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(freedom / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
 
 
 def _verify_sample(case: Case, output: Any) -> str | None:
