@@ -44,7 +44,7 @@ from attention_course.masks import causal_mask, sliding_window_mask
 from attention_course.multihead import MultiHeadAttention
 from attention_course.normalization import Dropout, norm_for
 from attention_course.positional import LearnedPositionalEmbedding, PositionalEncoding
-from attention_course.runtime import autocast_dtype
+from attention_course.runtime import autocast_dtype, fused_adam
 from attention_course.sampling import sample_next_token
 
 __all__ = [
@@ -564,7 +564,8 @@ def train_language_model(
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
+                                  fused=fused_adam(device))
     amp_dtype = autocast_dtype(device)  # bfloat16 only where the GPU runs it natively; None on a CPU
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     log = LMTrainingLog(amp_dtype=amp_dtype)

@@ -64,8 +64,11 @@ class LayerNorm(nn.Module):
         dtype = x.dtype
         if dtype in (torch.float16, torch.bfloat16):
             x = x.float()
-        var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)  # (..., 1) each, biased variance
-        x_hat = (x - mean) * torch.rsqrt(var + self.eps)
+        # Two means (of x, then of the squared deviations) rather than torch.var_mean: the same biased
+        # variance, and on rows as short as a small model's several times faster on a CPU.
+        centered = x - x.mean(dim=-1, keepdim=True)  # (..., d_model)
+        var = (centered * centered).mean(dim=-1, keepdim=True)  # (..., 1)
+        x_hat = centered * torch.rsqrt(var + self.eps)
         y = x_hat * self.weight.to(x.dtype)
         return (y if self.bias is None else y + self.bias.to(x.dtype)).to(dtype)
 

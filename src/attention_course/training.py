@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from attention_course.decoding import beam_search, greedy_decode
 from attention_course.masks import causal_mask, padding_mask
+from attention_course.runtime import fused_adam
 from attention_course.torch_translator import TorchTranslator  # moved; importable from here as before
 
 __all__ = [
@@ -123,7 +124,8 @@ def transformer_optimizer(
     model: nn.Module, d_model: int, warmup: int, factor: float = 1.0
 ) -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
     """Adam with the paper's settings (β₁ = 0.9, β₂ = 0.98, ε = 1e-9) and the warm-up schedule."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
+                                 fused=fused_adam(next(model.parameters()).device))
     return optimizer, noam_schedule(optimizer, d_model, warmup, factor)
 
 
