@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from attention_course.grading.findings import FailureKind, Finding
+
 __all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
            "preamble", "randn", "with_concepts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
 
@@ -108,9 +110,9 @@ def _changed(original: Any, given: Any, depth: int = 0) -> bool:
 def inputs_changed_message(names: Sequence[str]) -> str:
     """The verdict on a case whose inputs the learner's function changed in place."""
     quoted = ", ".join(f"`{name}`" for name in names)
-    return (f"your function changed its input {quoted} in place (e.g. `x /= ...`, `x += ...`, `x.masked_fill_(...)` or "
-            f"`x[...] = ...` on the caller's tensor); leave the inputs as they are: compute a new tensor "
-            f"(`x = x / ...`) or work on `x.clone()`")
+    return Finding(f"your function changed its input {quoted} in place (e.g. `x /= ...`, `x += ...`, "
+                   f"`x.masked_fill_(...)` or `x[...] = ...` on the caller's tensor); leave the inputs as they are: "
+                   f"compute a new tensor (`x = x / ...`) or work on `x.clone()`", FailureKind.IN_PLACE)
 
 
 def preamble(nn: bool = False, library: bool = False) -> str:
@@ -386,6 +388,7 @@ class Mistake:
 
     variant: Callable[..., Any]
     message: str | Callable[..., str]
+    on: str = ""  # in a declared check (declare.Check): the output the variant computes (default: the first)
 
 
 def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
@@ -401,7 +404,8 @@ def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
                 continue
         except Exception:  # a variant that does not apply to these inputs
             continue
-        return mistake.message(*inputs) if callable(mistake.message) else mistake.message
+        message = mistake.message(*inputs) if callable(mistake.message) else mistake.message
+        return Finding(message, FailureKind.KNOWN_MISTAKE)
     return None
 
 
