@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -434,12 +434,17 @@ class Exercise:
             code may rely on. The notebook's cell tagged ``preamble`` must hold exactly this source (a test
             checks it), so the notebook and the grader agree; the grader never runs the learner's copy.
         parts: the graded parts, in notebook order.
+        chapters: the chapters (notebook stems in ``chapters/``) whose ideas the exercise practises.
+        allowed: part -> the course-library names that part may use (the library rule,
+            :mod:`attention_course.grading.library_rules`); a part not listed may use none.
     """
 
     id: str
     title: str
     preamble: str
     parts: tuple[Part, ...]
+    chapters: tuple[str, ...] = ()
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [part.name for part in self.parts]
@@ -448,6 +453,8 @@ class Exercise:
         functions = [part.function for part in self.parts]
         if len(set(functions)) != len(functions):
             raise ValueError(f"exercise {self.id!r} has parts sharing a function name: {functions}")
+        if set(self.allowed) - set(names):
+            raise ValueError(f"exercise {self.id!r} allows library names to unknown parts {sorted(self.allowed)}")
 
     @property
     def max_score(self) -> int:

@@ -387,6 +387,7 @@ def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run:
 EXERCISE = Exercise(
     id="bug_hunt",
     title="Bug hunt: attention bugs that tutorials shipped",
+    chapters=("05_scaling_and_masking", "06_multi_head_attention", "08_layernorm_dropout_residuals"),
     preamble=PREAMBLE,
     parts=(
         _part("multi_head_cross_attention",

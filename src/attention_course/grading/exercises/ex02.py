@@ -277,6 +277,7 @@ def _verify_equivariance(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex02",
     title="Hard and soft attention",
+    chapters=("02_hard_and_soft_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(

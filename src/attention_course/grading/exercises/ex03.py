@@ -244,6 +244,7 @@ _LIMIT_CHECK = Check(
 EXERCISE = Exercise(
     id="ex03",
     title="Attention as a soft key-value lookup",
+    chapters=("03_key_value_store",),
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -353,6 +353,7 @@ def _verify_cross(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex04",
     title="Queries, keys and values",
+    chapters=("04_queries_keys_values",),
     preamble=PREAMBLE,
     parts=(
         Part(

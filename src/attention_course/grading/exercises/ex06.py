@@ -483,6 +483,7 @@ def _verify_torch(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex06",
     title="Multi-head attention",
+    chapters=("06_multi_head_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(

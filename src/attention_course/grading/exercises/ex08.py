@@ -377,6 +377,7 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex08",
     title="LayerNorm, dropout and residual connections",
+    chapters=("08_layernorm_dropout_residuals",),
     preamble=PREAMBLE,
     parts=(
         Part(
