@@ -32,11 +32,13 @@ from attention_course.grading.compare import (
     close_problem,
     f64,
     finite_problem,
+    fmt,
     matches,
     non_negative_problem,
     rows_sum_problem,
     tensor_problem,
     tuple_problem,
+    value_error_problem,
 )
 from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import Case, Mistake, diagnose
@@ -119,8 +121,11 @@ def distribution(name: str = "weights", skip: Callable[[View], torch.Tensor | No
     ``skip`` marks, e.g. fully masked rows)."""
     def step(view: View) -> str | None:
         weights = getattr(view.got, name)
-        return non_negative_problem(weights, f"your {name}") or rows_sum_problem(
-            weights, f"your {name}", skip_rows=skip(view) if skip else None)
+        problem = non_negative_problem(weights, f"your {name}")
+        if problem or weights.dim() > 1:
+            return problem or rows_sum_problem(weights, f"your {name}", skip_rows=skip(view) if skip else None)
+        total = float(weights.double().sum())
+        return None if abs(total - 1) <= 1e-4 else f"your {name} sum to {fmt(total)} instead of 1"
     return step
 
 
@@ -130,6 +135,8 @@ class Check:
 
     The steps run in this order, and the first message wins (later steps may assume earlier ones held):
 
+    0. ``raises`` (optional): ``view -> (numbers, why)`` for a case that must raise a ValueError whose message
+       names the numbers (run the part with :func:`~attention_course.grading.spec.call_expecting_error`);
     1. ``unpack`` (optional): ``view -> message or None``; may replace ``view.output`` and set ``view.extra``
        (a ``run`` that returns more than the function's output, e.g. the output on permuted inputs);
     2. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
@@ -153,10 +160,14 @@ class Check:
     after: tuple[Step, ...] = ()
     advice: str | Callable[[View], str] = ""
     unpack: Step | None = None
+    raises: Callable[[View], tuple[Sequence[int], str] | None] | None = None
     compare: tuple[str, ...] = ()  # the outputs' names in the order they are compared (default: as declared)
 
     def __call__(self, case: Case, output: Any) -> str | None:
         view = View(case, output, tuple(_float64(arg) for arg in case.args))
+        demanded = self.raises(view) if self.raises is not None else None
+        if demanded is not None:  # the case must raise a ValueError naming these numbers
+            return value_error_problem(output, tuple(demanded[0]), demanded[1])
         if self.unpack is not None:
             problem = self.unpack(view)
             if problem:
