@@ -43,7 +43,7 @@ from attention_course.grading.compare import (
 from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import Case, Mistake, diagnose
 
-__all__ = ["Check", "Out", "View", "distribution", "prop"]
+__all__ = ["Check", "Out", "View", "distribution", "mistakes_on", "prop"]
 
 Step = Callable[["View"], str | None]
 
@@ -54,8 +54,9 @@ class Out:
 
     Attributes:
         name: the tensor's name in messages and in :attr:`View.got` / :attr:`View.want`.
-        reference: how the expected value is described ("softmax(Q Kᵀ / sqrt(d_k))"); ``""``: the tensor is
-            checked for structure and finiteness only (properties and ``after`` steps judge its values).
+        reference: how the expected value is described ("softmax(Q Kᵀ / sqrt(d_k))"), or a function of the
+            view (it may read :attr:`View.label`, set by the reference); ``""``: the tensor is checked for
+            structure and finiteness only (properties and ``after`` steps judge its values).
         atol: absolute tolerance, or a function of the :class:`View` (a tolerance that grows with the scores).
         rtol: relative tolerance.
         finite: whether NaN and infinities are refused (with the check's ``advice``).
@@ -66,7 +67,7 @@ class Out:
     """
 
     name: str
-    reference: str = ""
+    reference: str | Callable[[View], str] = ""
     atol: float | Callable[[View], float] = 1e-5
     rtol: float = 1e-4
     finite: bool = True
@@ -91,6 +92,7 @@ class View:
     got: SimpleNamespace = field(default_factory=SimpleNamespace)
     want: SimpleNamespace = field(default_factory=SimpleNamespace)
     extra: Any = None  # what an ``unpack`` step set aside (e.g. the output on reordered inputs)
+    label: str = ""  # a name the reference function may give what it computed ("nn.MultiheadAttention")
 
     @property
     def args(self) -> tuple:
@@ -129,6 +131,18 @@ def distribution(name: str = "weights", skip: Callable[[View], torch.Tensor | No
     return step
 
 
+def mistakes_on(table: Sequence[Mistake], inputs: Callable[[View], tuple], on: str = "") -> tuple[Mistake, ...]:
+    """A table of mistakes written on plain inputs (``variant(*inputs)``, as :func:`~attention_course.grading.
+    spec.diagnose` takes them) for a :class:`Check`: ``inputs(view)`` gives those inputs, ``on`` the output the
+    variants compute. One table then serves several parts (the same softmax mistakes on other tensors)."""
+    def message(mistake: Mistake) -> str | Callable[[View], str]:
+        if not callable(mistake.message):
+            return mistake.message
+        return lambda v: mistake.message(*inputs(v))
+
+    return tuple(Mistake(lambda v, m=m: m.variant(*inputs(v)), message(m), on=on or m.on) for m in table)
+
+
 @dataclass(frozen=True)
 class Check:
     """A part's ``verify`` declared as data; see the module docstring.
@@ -147,6 +161,8 @@ class Check:
     6. ``mistakes``: when an output differs from its reference, the first known mistake it equals (each
        :class:`~attention_course.grading.spec.Mistake`'s ``variant(view)`` computes that wrong output;
        ``on`` names the output it is compared with, default the first);
+    6b. ``explain``: steps that say more precisely what is wrong (which head holds which features), typed
+       :attr:`FailureKind.MISMATCH` unless they say otherwise;
     7. closeness of each output with a ``reference`` description, in the order ``compare`` names (default:
        the order of ``outputs``; finiteness and mistakes are checked in that order too);
     8. ``after``: the remaining steps (invariances that need a right output first).
@@ -157,6 +173,8 @@ class Check:
     before: tuple[Step, ...] = ()
     properties: tuple[Step, ...] = ()
     mistakes: tuple[Mistake, ...] = ()
+    matches: Callable[[Any, Any], bool] | None = None  # how an output is compared with a mistake (default: close)
+    explain: tuple[Step, ...] = ()
     after: tuple[Step, ...] = ()
     advice: str | Callable[[View], str] = ""
     unpack: Step | None = None
@@ -190,11 +208,16 @@ class Check:
         problem = self._mistake(view)
         if problem:
             return problem
+        for step in self.explain:
+            problem = step(view)
+            if problem:
+                return finding(problem, FailureKind.MISMATCH)
         for out in self._in_order():
             if out.reference:  # not matched by a known mistake: the plain difference
                 atol = out.atol(view) if callable(out.atol) else out.atol
+                reference = out.reference(view) if callable(out.reference) else out.reference
                 problem = close_problem(getattr(view.got, out.name), getattr(view.want, out.name),
-                                        f"your {out.name}", out.reference, atol=atol, rtol=out.rtol)
+                                        f"your {out.name}", reference, atol=atol, rtol=out.rtol)
                 if problem:
                     return problem
         for step in self.after:
@@ -251,7 +274,7 @@ class Check:
             if self._close(view, out, got, want):
                 continue
             mistakes = [m for m in self.mistakes if (m.on or self.outputs[0].name) == out.name]
-            problem = diagnose(mistakes, got, view)
+            problem = diagnose(mistakes, got, view, matches=self.matches)
             if problem:
                 return problem
         return None

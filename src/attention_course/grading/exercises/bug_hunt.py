@@ -357,7 +357,7 @@ def _no_leak(v: View) -> str | None:
 _CAUSAL = Check(
     reference=lambda v: F.scaled_dot_product_attention(*(v.x[0] @ w for w in v.x[1:]), is_causal=True),
     outputs=(Out("output", "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),),
-    unpack=_unpack_cut, after=(_no_leak,),
+    unpack=_unpack_cut, properties=(_no_leak,),
 )
 
 

@@ -210,8 +210,7 @@ _SELF_ATTENTION = Check(
     compare=("weights",),
     unpack=_unpack_permuted,
     advice=_advice,
-    properties=(distribution("weights"),),
-    after=(_permuted,),
+    properties=(_permuted, distribution("weights")),
 )
 
 

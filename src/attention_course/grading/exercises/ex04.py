@@ -13,13 +13,12 @@ References are computed in float64 in the checking process with PyTorch (``torch
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from attention_course.grading.compare import f64, float32_atol, fmt, fmt_shape, tensor_problem, tuple_problem
-from attention_course.grading.declare import Check, Out, View, distribution
+from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -65,16 +64,11 @@ _WEIGHT_MISTAKES = (
 )
 
 
-def _weight_mistakes(qk: Callable[[View], tuple[torch.Tensor, torch.Tensor]]) -> tuple[Mistake, ...]:
-    """:data:`_WEIGHT_MISTAKES` for a declared check, on the queries and keys ``qk(view)`` gives."""
-    def inputs(v: View) -> tuple[torch.Tensor, int]:
-        q, k = qk(v)
-        return torch.matmul(q, k.transpose(-2, -1)), q.shape[-1]
-
-    def message(mistake: Mistake) -> Callable[[View], str]:
-        return lambda v: mistake.message(*inputs(v)) if callable(mistake.message) else mistake.message
-
-    return tuple(Mistake(lambda v, m=m: m.variant(*inputs(v)), message(m), on="weights") for m in _WEIGHT_MISTAKES)
+def _scores_and_d_k(v: View, qk: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, int]:
+    """The inputs of :data:`_WEIGHT_MISTAKES`: the unscaled scores of the queries and keys (default: the case's
+    first two arguments) and d_k."""
+    q, k = qk or v.x[:2]
+    return torch.matmul(q, k.transpose(-2, -1)), q.shape[-1]
 
 
 # --- part 1: the three projections ---------------------------------------------------------------------
@@ -187,7 +181,7 @@ _ONE_QUERY = Check(
              Out("weights", "softmax(K q / sqrt(d_k))", by_rows=False, atol=lambda v: _weights_atol(*v.args[:2]))),
     compare=("weights",),
     properties=(distribution("weights"), _uniform),
-    mistakes=_weight_mistakes(lambda v: v.x[:2]),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
 )
 
 
@@ -223,7 +217,7 @@ _MATRIX = Check(
     compare=("weights",),
     before=(_transposed_weights,),
     properties=(distribution("weights"),),
-    mistakes=_weight_mistakes(lambda v: v.x[:2]),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
 )
 
 
@@ -310,7 +304,7 @@ _CROSS = Check(
     unpack=_unpack_permuted,
     before=(_roles,),
     properties=(distribution("weights"),),
-    mistakes=_weight_mistakes(lambda v: _projections(v)[:2]),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(v, _projections(v)[:2]), on="weights"),
     after=(_reordered,),
 )
 
