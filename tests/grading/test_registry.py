@@ -26,6 +26,7 @@ from attention_course.grading.exercises import exercise_ids, get_exercise
 from attention_course.grading.findings import FailureKind, Finding, kind_of
 from attention_course.grading.judge import judge_case, judge_part
 from attention_course.grading.library_rules import part_table
+from attention_course.grading.report import failure_kinds
 from attention_course.grading.spec import Case, Mistake, Part, inputs_changed_message
 from tests.grading.learners import LEARNERS
 from tests.grading.mutants import MUTANTS
@@ -141,3 +142,12 @@ def test_the_notebook_check_reports_kinds_of_real_mistakes():
             checker.check("soft_lookup", function)
         verdict = checker._verdicts["soft_lookup"]
         assert not verdict.passed and kind in {case.kind for case in verdict.cases}, verdict
+
+
+def test_the_class_summary_counts_failure_kinds_from_typed_verdicts():
+    part = _softmax_part()
+    case = part.make_cases(torch.Generator().manual_seed(0))[0]
+    answers = [case.args[0], case.args[0], torch.softmax(2 * case.args[0], dim=-1), torch.softmax(case.args[0], -1)]
+    verdicts = [judge_part(part, [case], [{"status": "ok", "value": answer}]) for answer in answers]
+    assert failure_kinds(verdicts) == "property 2, known mistake 1"
+    assert failure_kinds(verdicts[3:]) == ""

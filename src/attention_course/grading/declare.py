@@ -43,7 +43,7 @@ from attention_course.grading.compare import (
 from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import Case, Mistake, diagnose
 
-__all__ = ["Check", "Out", "View", "distribution", "mistakes_on", "prop"]
+__all__ = ["Check", "Out", "View", "distribution", "mistakes_on"]
 
 Step = Callable[["View"], str | None]
 
@@ -111,13 +111,6 @@ def _float64(value: Any) -> Any:
     return f64(value) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
-def prop(step: Step) -> Step:
-    """A property step: its plain-string messages are typed :attr:`FailureKind.PROPERTY`."""
-    def typed(view: View) -> str | None:
-        return finding(step(view), FailureKind.PROPERTY)
-    return typed
-
-
 def distribution(name: str = "weights", skip: Callable[[View], torch.Tensor | None] | None = None) -> Step:
     """The property of attention weights: no negative entry, and every row sums to one (except the rows
     ``skip`` marks, e.g. fully masked rows)."""
@@ -132,9 +125,10 @@ def distribution(name: str = "weights", skip: Callable[[View], torch.Tensor | No
 
 
 def mistakes_on(table: Sequence[Mistake], inputs: Callable[[View], tuple], on: str = "") -> tuple[Mistake, ...]:
-    """A table of mistakes written on plain inputs (``variant(*inputs)``, as :func:`~attention_course.grading.
-    spec.diagnose` takes them) for a :class:`Check`: ``inputs(view)`` gives those inputs, ``on`` the output the
-    variants compute. One table then serves several parts (the same softmax mistakes on other tensors)."""
+    """A table of mistakes written on plain inputs (``variant(*inputs)``, as
+    :func:`~attention_course.grading.spec.diagnose` takes them) for a :class:`Check`: ``inputs(view)`` gives
+    those inputs, ``on`` the output the variants compute. One table then serves several parts (the same softmax
+    mistakes on other tensors)."""
     def message(mistake: Mistake) -> str | Callable[[View], str]:
         if not callable(mistake.message):
             return mistake.message
@@ -149,23 +143,23 @@ class Check:
 
     The steps run in this order, and the first message wins (later steps may assume earlier ones held):
 
-    0. ``raises`` (optional): ``view -> (numbers, why)`` for a case that must raise a ValueError whose message
+    1. ``raises`` (optional): ``view -> (numbers, why)`` for a case that must raise a ValueError whose message
        names the numbers (run the part with :func:`~attention_course.grading.spec.call_expecting_error`);
-    1. ``unpack`` (optional): ``view -> message or None``; may replace ``view.output`` and set ``view.extra``
+    2. ``unpack`` (optional): ``view -> message or None``; may replace ``view.output`` and set ``view.extra``
        (a ``run`` that returns more than the function's output, e.g. the output on permuted inputs);
-    2. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
-    3. ``before``: steps on the raw output (a precise message for a transposed shape, a wrong column count);
-    4. structure: a tuple of ``len(outputs)`` items when there are several; each a (floating) tensor of the
+    3. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
+    4. ``before``: steps on the raw output (a precise message for a transposed shape, a wrong column count);
+    5. structure: a tuple of ``len(outputs)`` items when there are several; each a (floating) tensor of the
        expected shape and dtype; finite values (NaN or infinity named, with ``advice``);
-    5. ``properties``: steps every right answer passes (messages typed as properties);
-    6. ``mistakes``: when an output differs from its reference, the first known mistake it equals (each
+    6. ``properties``: steps every right answer passes (messages typed as properties);
+    7. ``mistakes``: when an output differs from its reference, the first known mistake it equals (each
        :class:`~attention_course.grading.spec.Mistake`'s ``variant(view)`` computes that wrong output;
        ``on`` names the output it is compared with, default the first);
-    6b. ``explain``: steps that say more precisely what is wrong (which head holds which features), typed
-       :attr:`FailureKind.MISMATCH` unless they say otherwise;
-    7. closeness of each output with a ``reference`` description, in the order ``compare`` names (default:
+    8. ``explain``: steps that say more precisely what is wrong (which head holds which features), typed
+       :attr:`~attention_course.grading.findings.FailureKind.MISMATCH` unless they say otherwise;
+    9. closeness of each output with a ``reference`` description, in the order ``compare`` names (default:
        the order of ``outputs``; finiteness and mistakes are checked in that order too);
-    8. ``after``: the remaining steps (invariances that need a right output first).
+    10. ``after``: the remaining steps (invariances that need a right output first).
     """
 
     reference: Callable[[View], Any]

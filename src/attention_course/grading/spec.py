@@ -10,7 +10,10 @@ names the function the learner writes and knows three things:
   runs in the learner's process, so it only calls and returns, it never judges.
 - ``verify(case, output)``: the verdict on one case, computed in the checking process from the case's
   inputs (references from PyTorch or the library, and properties): ``None`` for a pass, else a specific
-  message such as ``"row 2 of your weights sums to 0.73"``.
+  message such as ``"row 2 of your weights sums to 0.73"``, typed with its
+  :class:`~attention_course.grading.findings.FailureKind` where it is a
+  :class:`~attention_course.grading.findings.Finding`. Most parts declare it as data with
+  :class:`attention_course.grading.declare.Check`.
 
 The notebook check (:mod:`attention_course.grading.checker`) and the grader
 (:mod:`attention_course.grading.grader`) both use these three functions, so a learner sees in the notebook
