@@ -392,4 +392,24 @@ def one_hot_of_first_max(scores):
     var = ((x64 - mean) ** 2).mean(dim=-1, keepdim=True)
     normalized = ((x64 - mean) / torch.sqrt(var + eps)).to(x.dtype)""",
     }),
+    # ex17: blocks found with torch.div and index_select, the draft verified with a while loop, the intensity from Python numbers
+    Learner("ex17_index_select_and_a_while_loop", "ex17_serving_attention", answers={
+        "locate": """\
+    entries = torch.div(positions, block_size, rounding_mode="floor")
+    return block_table.index_select(0, entries), torch.remainder(positions, block_size)""",
+        "verify_draft": """\
+    accepted = 0
+    while accepted < len(draft_tokens):
+        token = int(draft_tokens[accepted])
+        if float(uniforms[accepted]) * float(p_draft[accepted, token]) >= float(p_target[accepted, token]):
+            residual = torch.clamp(p_target[accepted] - p_draft[accepted], min=0)
+            return accepted, residual / residual.sum()
+        accepted += 1
+    return accepted, p_target[accepted]""",
+        "decode_intensity": """\
+    positions = sum(int(c) for c in contexts)
+    flops = 2 * num_params * len(contexts) + 4 * num_layers * d_model * positions
+    moved = bytes_per_value * (num_params + 2 * num_layers * d_kv * positions)
+    return flops / moved""",
+    }),
 ]

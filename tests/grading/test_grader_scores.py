@@ -71,6 +71,28 @@ def test_mutant_loses_the_marks_of_its_part(graded, mutant):
     assert "Traceback" not in part["message"]
 
 
+#: The failure kind the grader's JSON gives a few representative mutants' parts (the cause apart from the message):
+#: each is the kind of the first case the mistake fails, the same on every draw of the cases.
+EXPECTED_KINDS = {
+    "kv_hard_returns_keys": "shape",
+    "kv_soft_naive_exp": "not finite",
+    "kv_soft_over_queries": "property",
+    "kv_soft_no_beta": "known mistake",
+    "one_query_ignores_weights": "mismatch",
+    "matrix_dot_T": "error raised",
+    "project_no_dk_check": "expected error",
+    "rms_calls_torch_rms_norm": "forbidden call",
+}
+
+
+@pytest.mark.parametrize(("name", "kind"), EXPECTED_KINDS.items())
+def test_mutants_fail_for_the_reason_they_should(graded, name, kind):
+    mutant = next(m for m in MUTANTS if m.name == name)
+    part = parts(graded["results"][f"{mutant.notebook}__{mutant.name}.ipynb"])[mutant.part]
+    assert part["kind"] == kind, part
+    assert kind in {case["kind"] for case in part["cases"]} or not part["cases"]
+
+
 def test_there_are_enough_mutants():
     assert len(MUTANTS) >= 20
     assert {m.notebook for m in MUTANTS} >= {"ex02_hard_and_soft_attention", "ex_bug_hunt"}

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import attention_course.grading.compare as compare
+import attention_course.grading.declare as declare
 import attention_course.grading.exercises as exercise_modules
 from attention_course.grading.checker import Checker
 from tests.grading.test_checks import SOLUTIONS, namespace_of
@@ -50,7 +51,7 @@ def test_solutions_pass_with_room_to_spare(path, monkeypatch):
             used[key] = max(used.get(key, 0.0), _used(actual, expected, atol, rtol))
         return problem
 
-    modules = [compare] + [importlib.import_module(f"{exercise_modules.__name__}.{info.name}")
+    modules = [compare, declare] + [importlib.import_module(f"{exercise_modules.__name__}.{info.name}")
                            for info in pkgutil.iter_modules(exercise_modules.__path__)]
     for module in modules:
         if hasattr(module, "close_problem"):

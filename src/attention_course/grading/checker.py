@@ -40,6 +40,7 @@ from attention_course.grading.evaluate import (
 )
 from attention_course.grading.exercises import get_exercise
 from attention_course.grading.feedback import format_hint, format_overview, format_part, format_progress
+from attention_course.grading.findings import FailureKind
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
 from attention_course.grading.library_rules import exercise_allowed, library_aliases, library_problem
 from attention_course.grading.spec import Exercise, Part
@@ -184,7 +185,7 @@ class Checker:
     def _judge(self, part: Part, obj: Any, notes: list[str]) -> PartVerdict:
         if not callable(obj):
             return failed_part(part, f"expected your function `{part.function}` itself, got {describe(obj)}; "
-                                     f"call check.{part.name}({part.function})")
+                                     f"call check.{part.name}({part.function})", kind=FailureKind.TYPE)
         seed = self._seed if self._seed is not None else _fresh_seed()
         own = cell_source(obj)
         if self._isolated is False or (own is None and not self._isolated):
@@ -220,7 +221,8 @@ class Checker:
         exercise = self._exercise
         sources = self._graded_sources(part, obj, notes)
         if part.name not in sources:
-            return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again")
+            return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again",
+                               kind=FailureKind.MISSING)
         # Plain functions and imports from the learner's other cells travel with the graded cells, as in the
         # grader (which reads them from the notebook; here they come from the kernel's history of inputs).
         namespace = self._learner_namespace()
@@ -273,7 +275,7 @@ class Checker:
         aliases = library_aliases([exercise.preamble, *(source for _, _, source in ordered)])
         problem = library_problem(sources[part.name], exercise.id, part.name, aliases)
         if problem:
-            return failed_part(part, f"no marks: {problem}")
+            return failed_part(part, f"no marks: {problem}", kind=FailureKind.FORBIDDEN)
         return verdicts[part.name]
 
     def _say_once(self, notes: list[str], key: str, text: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.wire import describe
 
 __all__ = [
@@ -63,7 +64,7 @@ def tuple_problem(output: Any, *names: str) -> Problem:
     "weights")`` -> "expected a tuple (output, weights), got a tensor of shape (2, 3) ..."."""
     if isinstance(output, (tuple, list)) and len(output) == len(names):
         return None
-    return f"expected a tuple ({', '.join(names)}), got {describe(output)}"
+    return Finding(f"expected a tuple ({', '.join(names)}), got {describe(output)}", FailureKind.TYPE)
 
 
 def fmt(x: float) -> str:
@@ -98,11 +99,11 @@ def first_problem(*checks: Callable[[], Problem]) -> Problem:
 def tensor_problem(value: Any, what: str, shape: Sequence[int] | None = None, floating: bool = True) -> Problem:
     """``value`` must be a tensor (floating point unless ``floating=False``) of the given ``shape``."""
     if not isinstance(value, torch.Tensor):
-        return f"expected {what} to be a torch.Tensor, got {describe(value)}"
+        return Finding(f"expected {what} to be a torch.Tensor, got {describe(value)}", FailureKind.TYPE)
     if shape is not None and tuple(value.shape) != tuple(shape):
-        return f"expected {what} of shape {fmt_shape(shape)}, got {fmt_shape(value.shape)}"
+        return Finding(f"expected {what} of shape {fmt_shape(shape)}, got {fmt_shape(value.shape)}", FailureKind.SHAPE)
     if floating and not value.is_floating_point():
-        return f"expected {what} to be a floating-point tensor, got dtype {value.dtype}"
+        return Finding(f"expected {what} to be a floating-point tensor, got dtype {value.dtype}", FailureKind.DTYPE)
     return None
 
 
@@ -114,7 +115,7 @@ def finite_problem(value: torch.Tensor, what: str, by_rows: bool = True, advice:
     index = [int(i) for i in bad.nonzero()[0]]
     kind = "NaN" if torch.isnan(value[tuple(index)]) else "an infinity"
     place = row_name(index[:-1]) if by_rows and value.dim() >= 2 else f"index {tuple(index)}"
-    return f"{place} of {what} contains {kind}{advice}"
+    return Finding(f"{place} of {what} contains {kind}{advice}", FailureKind.NOT_FINITE)
 
 
 #: The unit roundoff of float32 (2⁻²⁴), the fraction of its operands by which one float32 operation may be off.
@@ -159,8 +160,9 @@ def close_problem(
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), diff.shape))
     where = f" at index {index}" if diff.dim() else ""
     verb = "differ" if what.endswith("weights") else "differs"
-    return (f"{what} {verb} from {reference} by up to {fmt(float(diff.flatten()[worst]))}{where}: "
-            f"yours {fmt(float(actual.flatten()[worst]))}, expected {fmt(float(expected.flatten()[worst]))}")
+    return Finding(f"{what} {verb} from {reference} by up to {fmt(float(diff.flatten()[worst]))}{where}: "
+                   f"yours {fmt(float(actual.flatten()[worst]))}, expected {fmt(float(expected.flatten()[worst]))}",
+                   FailureKind.MISMATCH)
 
 
 def rows_sum_problem(weights: torch.Tensor, what: str = "your weights", atol: float = 1e-4,
@@ -173,7 +175,8 @@ def rows_sum_problem(weights: torch.Tensor, what: str = "your weights", atol: fl
     if not bad.any():
         return None
     index = [int(i) for i in bad.nonzero()[0]]
-    return f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1"
+    return Finding(f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1",
+                   FailureKind.PROPERTY)
 
 
 def non_negative_problem(weights: torch.Tensor, what: str = "your weights") -> Problem:
@@ -184,15 +187,15 @@ def non_negative_problem(weights: torch.Tensor, what: str = "your weights") -> P
     index = [int(i) for i in bad.nonzero()[0]]
     value = float(weights[tuple(index)])
     place = row_name(index[:-1]) if weights.dim() >= 2 else "the vector"
-    return f"{place} of {what} has a negative entry {fmt(value)} at key {index[-1]}"
+    return Finding(f"{place} of {what} has a negative entry {fmt(value)} at key {index[-1]}", FailureKind.PROPERTY)
 
 
 def scalar_problem(value: Any, what: str) -> Problem:
     """``value`` must be a real number: a Python number or a tensor with one element."""
     if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
-        return f"expected {what} to be a number, got {describe(value)}"
+        return Finding(f"expected {what} to be a number, got {describe(value)}", FailureKind.TYPE)
     if isinstance(value, torch.Tensor) and value.numel() != 1:
-        return f"expected {what} to be a single number, got {describe(value)}"
+        return Finding(f"expected {what} to be a single number, got {describe(value)}", FailureKind.SHAPE)
     return None
 
 
@@ -201,13 +204,15 @@ def value_error_problem(output: Any, numbers: tuple[int, ...], why: str) -> str 
     whose message names every one of ``numbers``; otherwise what is wrong. ``why`` completes "expected a
     ValueError because ..."."""
     if not isinstance(output, dict) or not ("raised" in output or "returned" in output):
-        return "your output could not be read"
+        return Finding("your output could not be read", FailureKind.NO_RESULT)
     if "returned" in output:
-        return f"expected a ValueError because {why}, but your function returned normally"
+        return Finding(f"expected a ValueError because {why}, but your function returned normally",
+                       FailureKind.EXPECTED_ERROR)
     kind, message = output["raised"], str(output.get("message", ""))
     if kind != "ValueError":
-        return f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}"
+        return Finding(f"expected a ValueError because {why}, but your function raised {kind}: {message[:120]}",
+                       FailureKind.EXPECTED_ERROR)
     if any(str(n) not in message for n in numbers):
-        return (f"your ValueError should name the offending values ({', '.join(map(str, numbers))}); "
-                f"its message is {message[:120]!r}")
+        return Finding(f"your ValueError should name the offending values ({', '.join(map(str, numbers))}); "
+                       f"its message is {message[:120]!r}", FailureKind.EXPECTED_ERROR)
     return None

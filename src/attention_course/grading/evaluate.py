@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attention_course.grading.findings import FailureKind
 from attention_course.grading.judge import NOT_ATTEMPTED, PartVerdict, failed_part, judge_part
 from attention_course.grading.learner_text import parse
 from attention_course.grading.spec import Case, Exercise, Part
@@ -288,7 +289,7 @@ def assemble(
             continue
         if part.name not in cells:
             verdict = failed_part(part, f"no graded cell for part {part.name!r} was found (was it deleted, or its "
-                                        "tag removed?)")
+                                        "tag removed?)", kind=FailureKind.MISSING)
         elif part.name in result.outcomes:
             verdict = judge_part(part, cases[part.name], result.outcomes[part.name])
             if cell_error and not verdict.passed and verdict.status != NOT_ATTEMPTED:
@@ -297,13 +298,16 @@ def assemble(
             verdict = failed_part(part, f"your graded cell {_failure_message(part, cell_error)}, so "
                                         f"`{part.function}` was never defined"
                                   if cell_error else
-                                  f"no function named `{part.function}` was defined (was it renamed?)")
+                                  f"no function named `{part.function}` was defined (was it renamed?)",
+                                  kind=FailureKind.MISSING)
         else:
-            verdict = failed_part(part, _failure_message(part, failure))
+            kind = FailureKind.TIME_LIMIT if _TIME_LIMIT.search(failure) else FailureKind.NO_RESULT
+            verdict = failed_part(part, _failure_message(part, failure), kind=kind)
         if check_cells is not None and part.name in cells and not check_cells.get(part.name, False):
             # The rules say so: a part whose check was edited or deleted earns nothing, whatever its code.
             verdict = failed_part(part, f"{CHECK_CELL_EDITED}; restore the cell "
-                                        f"`check.{part.name}({part.function})` to earn this part's marks")
+                                        f"`check.{part.name}({part.function})` to earn this part's marks",
+                                  kind=FailureKind.CHECK_EDITED)
         verdicts[part.name] = dataclasses.replace(verdict, all_or_nothing=all_or_nothing or part.all_or_nothing)
     # Cause attribution: a part that calls an earlier part's function which fails says so first.
     index = {part.name: number for number, part in enumerate(exercise.parts, start=1)}

@@ -43,6 +43,7 @@ from attention_course.grading.evaluate import (
     with_carried,
 )
 from attention_course.grading.exercises import exercise_ids, get_exercise
+from attention_course.grading.findings import FailureKind
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text, read_submission
 from attention_course.grading.judge import PartVerdict, failed_part
 from attention_course.grading.launcher import close_pools
@@ -62,6 +63,11 @@ __all__ = ["NotebookResult", "SandboxUnavailable", "UNISOLATED", "find_notebooks
 MAX_NOTEBOOK_BYTES = 20_000_000
 #: Starts the message of every notebook graded with ``--no-sandbox``.
 UNISOLATED = "UNISOLATED (--no-sandbox): the learner's code ran with the grader's own rights"
+
+
+def _kind(kind: FailureKind | None) -> str | None:
+    """A failure kind as the JSON report writes it (its value, e.g. ``"shape"``), ``None`` for a pass."""
+    return None if kind is None else kind.value
 
 
 @dataclass
@@ -93,7 +99,9 @@ class NotebookResult:
             "isolated": self.isolated,
             "parts": [
                 {"name": v.part, "score": v.score, "max_score": v.max_score, "status": v.status, "message": v.message,
-                 "cases": [{"name": c.name, "passed": c.passed, "message": c.message} for c in v.cases]}
+                 "kind": _kind(v.kind),
+                 "cases": [{"name": c.name, "passed": c.passed, "message": c.message, "kind": _kind(c.kind)}
+                           for c in v.cases]}
                 for v in self.parts
             ],
         }
@@ -300,7 +308,8 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
     # The library rule (library_rules): a part whose cell uses a course-library name it may not earns nothing.
     broken = broken_parts(exercise.id, exercise.preamble, cells)
     parts_by_name = {part.name: part for part in exercise.parts}
-    verdicts = [failed_part(parts_by_name[v.part], broken[v.part]) if v.part in broken else v for v in verdicts]
+    verdicts = [failed_part(parts_by_name[v.part], broken[v.part], kind=FailureKind.FORBIDDEN) if v.part in broken
+                else v for v in verdicts]
     score = round(sum(verdict.score for verdict in verdicts), 2)
     return NotebookResult(str(path), exercise.id, score, exercise.max_score, verdicts, note, seed, sha256=sha256,
                           isolated=sandbox.isolated, worker_cpu_seconds=sandbox.worker_cpu_seconds)

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
+from attention_course.grading.findings import FailureKind, Finding, kind_of
 from attention_course.grading.spec import Case, Part
 from attention_course.grading.wire import is_wire
 
-__all__ = ["CaseVerdict", "PartVerdict", "judge_case", "judge_part", "failed_part"]
+__all__ = ["CaseVerdict", "FailureKind", "PartVerdict", "judge_case", "judge_part", "failed_part"]
 
 # Part statuses
 PASSED = "passed"
@@ -27,11 +28,19 @@ NOT_ATTEMPTED = "not attempted"
 
 @dataclass(frozen=True)
 class CaseVerdict:
-    """The verdict on one case: ``message`` is ``None`` for a pass."""
+    """The verdict on one case: ``message`` is ``None`` for a pass; ``kind`` says why it failed (taken from
+    the message when it is a :class:`~attention_course.grading.findings.Finding`), ``None`` for a pass."""
 
     name: str
     message: str | None
     credit: bool = True  # counts for proportional credit (see Case.credit)
+    kind: FailureKind | None = None
+
+    def __post_init__(self) -> None:
+        if self.message is None:
+            object.__setattr__(self, "kind", None)
+        elif self.kind is None:
+            object.__setattr__(self, "kind", kind_of(self.message))
 
     @property
     def passed(self) -> bool:
@@ -45,7 +54,8 @@ class PartVerdict:
 
     ``message`` summarises the part in one line (what the grader's report shows); ``cases`` holds the
     per-case verdicts (empty when the part could not run at all: missing cell, timeout, crash); ``cause``
-    names an earlier part of the learner's own code that fails and that this part calls.
+    names an earlier part of the learner's own code that fails and that this part calls; ``kind`` says why
+    the part failed (its first failing case's kind, or why it could not be judged), ``None`` when it passed.
     """
 
     part: str
@@ -55,6 +65,7 @@ class PartVerdict:
     cases: tuple[CaseVerdict, ...] = field(default=())
     all_or_nothing: bool = False
     cause: str = ""
+    kind: FailureKind | None = None
 
     @property
     def score(self) -> float:
@@ -120,7 +131,24 @@ def shape_words(message: str, case: Any = None) -> str | None:
     return None
 
 
-def _error_message(outcome: dict[str, Any], case: Any = None) -> str:
+#: The exceptions the grader's own refusals raise in the learner's process (the library rule, a PyTorch routine
+#: a part may not call, the import guard): a failure for a forbidden call, not an ordinary error.
+_REFUSALS = frozenset({"LibraryRuleError", "TorchRMSNormRefused", "FrameAccessRefused", "PermissionError"})
+
+
+def error_kind(outcome: dict[str, Any]) -> FailureKind:
+    """The kind of an ``error`` outcome: a refusal by the grader's rules, or an error of the learner's code."""
+    kind, text = str(outcome.get("type", "")), str(outcome.get("message", ""))
+    if kind in _REFUSALS or (kind == "ImportError" and "graded code" in text):
+        return FailureKind.FORBIDDEN
+    return FailureKind.ERROR_RAISED
+
+
+def _error_message(outcome: dict[str, Any], case: Any = None) -> Finding:
+    return Finding(_error_words(outcome, case), error_kind(outcome))
+
+
+def _error_words(outcome: dict[str, Any], case: Any = None) -> str:
     kind = str(outcome.get("type", "an error"))
     text = str(outcome.get("message", "")).strip()
     where = str(outcome.get("where", "")).strip()
@@ -135,37 +163,42 @@ def judge_case(part: Part, case: Case, outcome: Any) -> CaseVerdict:
     """The verdict on one outcome; never raises, whatever the outcome holds."""
     credit = getattr(case, "credit", True) is not False
     if not isinstance(outcome, dict) or outcome.get("status") not in ("ok", "error", "not_implemented"):
-        return CaseVerdict(case.name, "no result came back for this case", credit)
+        return CaseVerdict(case.name, "no result came back for this case", credit, FailureKind.NO_RESULT)
     if outcome["status"] == "not_implemented":
-        return CaseVerdict(case.name, "your function raises NotImplementedError (not written yet)", credit)
+        return CaseVerdict(case.name, "your function raises NotImplementedError (not written yet)", credit,
+                           FailureKind.NOT_IMPLEMENTED)
     if outcome["status"] == "error":
         return CaseVerdict(case.name, _error_message(outcome, case), credit)
     value = outcome.get("value")
     if not is_wire(value):
-        return CaseVerdict(case.name, "your output could not be read", credit)
+        return CaseVerdict(case.name, "your output could not be read", credit, FailureKind.NO_RESULT)
     try:
         message = part.verify(case, value)
     except Exception as exc:  # a verify that trips on an odd output must not crash the checking
-        message = f"your output could not be checked ({type(exc).__name__}: {exc})"
+        message = Finding(f"your output could not be checked ({type(exc).__name__}: {exc})", FailureKind.TYPE)
     return CaseVerdict(case.name, message, credit)
 
 
 def judge_part(part: Part, cases: Sequence[Case], outcomes: Sequence[Any]) -> PartVerdict:
     """Judge every case of ``part``; a part passes only if all its cases do."""
     if len(outcomes) != len(cases):
-        return failed_part(part, f"expected results for {len(cases)} cases, got {len(outcomes)}")
+        return failed_part(part, f"expected results for {len(cases)} cases, got {len(outcomes)}",
+                           kind=FailureKind.NO_RESULT)
     if outcomes and all(isinstance(o, dict) and o.get("status") == "not_implemented" for o in outcomes):
         return PartVerdict(part.name, part.points, NOT_ATTEMPTED,
-                           "not attempted yet: your function still raises NotImplementedError")
+                           "not attempted yet: your function still raises NotImplementedError",
+                           kind=FailureKind.NOT_IMPLEMENTED)
     verdicts = tuple(judge_case(part, case, outcome) for case, outcome in zip(cases, outcomes))
     failures = [v for v in verdicts if not v.passed]
     if not failures:
         return PartVerdict(part.name, part.points, PASSED, f"all {len(verdicts)} cases passed", verdicts)
     first = failures[0]
     message = f"failed {len(failures)} of {len(verdicts)} cases; first: {first.name}: {first.message}"
-    return PartVerdict(part.name, part.points, FAILED, message, verdicts)
+    return PartVerdict(part.name, part.points, FAILED, message, verdicts, kind=first.kind)
 
 
-def failed_part(part: Part, message: str, status: str = FAILED) -> PartVerdict:
-    """A part that could not be judged case by case (missing cell or function, timeout, crash)."""
-    return PartVerdict(part.name, part.points, status, message)
+def failed_part(part: Part, message: str, status: str = FAILED, kind: FailureKind | None = None) -> PartVerdict:
+    """A part that could not be judged case by case (missing cell or function, timeout, crash); ``kind`` says
+    why (default: the message's own kind, :attr:`~attention_course.grading.findings.FailureKind.OTHER` for a plain
+    string)."""
+    return PartVerdict(part.name, part.points, status, message, kind=kind or kind_of(message))

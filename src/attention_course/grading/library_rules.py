@@ -4,13 +4,13 @@ The rule, part by part: a graded cell may use PyTorch (and the standard library)
 course library (``attention_course``, usually imported as ``ac``) only the names its part allows. By
 default a part allows **nothing**: the library holds a finished version of almost every exercise
 (``ac.MultiHeadAttention`` would answer ex06), so calling it would earn marks for work not done. The
-exceptions are building blocks from earlier chapters that a part is meant to reuse, listed in
-:data:`ALLOWED` (e.g. ex10's decoder layer and greedy decoding may call ``ac.causal_mask``; ex09's encoder
+exceptions are building blocks from earlier chapters that a part is meant to reuse, listed in the
+exercise's ``allowed`` table (e.g. ex10's decoder layer and greedy decoding may call ``ac.causal_mask``; ex09's encoder
 layer is built from ``ac.MultiHeadAttention`` and ``ac.PositionwiseFeedForward``). The grading package
 (``attention_course.grading``, which computes references) is never allowed.
 
-An exercise module may declare its own table, ``LIBRARY_ALLOWED = {"part": {"name", ...}}``, which
-replaces the entry here.
+An exercise module may also declare a module-level table, ``LIBRARY_ALLOWED = {"part": {"name", ...}}``,
+which replaces its exercise's ``allowed``.
 
 Enforcement has two layers:
 
@@ -42,13 +42,9 @@ __all__ = ["ALLOWED", "MAGIC_BODY_LIMIT", "allowed_names", "part_table", "broken
            "hide_library", "library_aliases",
            "library_problem", "rule_text"]
 
-_MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
-
-#: For each exercise, the course-library names each of its parts may use (a part not listed may use none).
-ALLOWED: dict[str, dict[str, frozenset[str]]] = {
-    "ex09": {"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
-    "ex10": {"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},
-}
+#: Course-library allowances for exercises that do not declare their own: each exercise's registered unit
+#: (its :class:`~attention_course.grading.spec.Exercise`'s ``allowed``) is where the course's parts say theirs.
+ALLOWED: dict[str, dict[str, frozenset[str]]] = {}
 
 _PACKAGE = "attention_course"
 
@@ -57,6 +53,8 @@ def _table(exercise_id: str) -> dict[str, frozenset[str]]:
     try:
         module = importlib.import_module(f"{_PACKAGE}.grading.exercises.{exercise_id}")
         declared = getattr(module, "LIBRARY_ALLOWED", None)
+        if declared is None and getattr(getattr(module, "EXERCISE", None), "allowed", None):
+            declared = dict(module.EXERCISE.allowed)
     except Exception:
         declared = None
     if isinstance(declared, dict):

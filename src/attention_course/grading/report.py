@@ -18,8 +18,8 @@ from attention_course.grading.evaluate import CHECK_CELL_EDITED
 from attention_course.grading.grader import NotebookResult
 from attention_course.grading.judge import PartVerdict
 
-__all__ = ["Roster", "class_summary", "common_failures", "failure_reason", "feedback_files", "feedback_html",
-           "feedback_markdown", "format_table", "load_roster", "part_columns", "to_csv", "to_json"]
+__all__ = ["Roster", "class_summary", "common_failures", "failure_kinds", "failure_reason", "feedback_files",
+           "feedback_html", "feedback_markdown", "format_table", "load_roster", "part_columns", "to_csv", "to_json"]
 
 
 def part_columns(results: Sequence[NotebookResult]) -> list[str]:
@@ -189,10 +189,18 @@ def common_failures(verdicts: Sequence[PartVerdict], top: int = 3) -> list[tuple
     return [(count, example[kind]) for kind, count in kinds.most_common(top)]
 
 
+def failure_kinds(verdicts: Sequence[PartVerdict], top: int = 3) -> str:
+    """The ``top`` most common failure kinds of the failed ``verdicts`` with their counts, "property 4, shape 1"
+    (from the typed verdicts, not from the messages' words), or ``""`` when none failed."""
+    kinds = Counter(v.kind.value if v.kind is not None else "other" for v in verdicts if not v.passed)
+    return ", ".join(f"{kind} {count}" for kind, count in kinds.most_common(top))
+
+
 def class_summary(results: Sequence[NotebookResult], figure: Path | None = None, roster: Roster | None = None) -> str:
     """Markdown: per exercise the number of notebooks, the pass rate (full marks), the median score, and per
-    part its pass rate, median marks and its three most common failure reasons; with ``roster``, the
-    learners who sent no notebook. With ``figure``, also draws a histogram of the scores there (PNG)."""
+    part its pass rate, median marks, its most common failure kinds and its three most common failure reasons;
+    with ``roster``, the learners who sent no notebook. With ``figure``, also draws a histogram of the scores there
+    (PNG)."""
     by_exercise: dict[str, list[NotebookResult]] = {}
     for r in results:
         by_exercise.setdefault(r.exercise or "unknown", []).append(r)
@@ -210,13 +218,13 @@ def class_summary(results: Sequence[NotebookResult], figure: Path | None = None,
                   f"{len(group)} notebook(s); {full} with full marks ({100 * full / len(group):.0f}%); median score "
                   f"{_num(statistics.median(r.score for r in group))} of {max_score}; median time "
                   f"{statistics.median(r.seconds for r in group):.1f} s.", "",
-                  "| part | pass rate | median marks | max |", "|---|---|---|---|"]
+                  "| part | pass rate | median marks | max | why parts failed |", "|---|---|---|---|---|"]
         names = list(dict.fromkeys(v.part for r in group for v in r.parts))
         for name in names:
             verdicts = [v for r in group for v in r.parts if v.part == name]
             rate = sum(v.passed for v in verdicts) / len(verdicts)
             lines.append(f"| {name} | {100 * rate:.0f}% | {_num(statistics.median(v.score for v in verdicts))} | "
-                         f"{verdicts[0].max_score} |")
+                         f"{verdicts[0].max_score} | {failure_kinds(verdicts)} |")
         lines += ["", "Most common reasons a part lost marks (notebooks, an example of the message):", ""]
         for name in names:
             verdicts = [v for r in group for v in r.parts if v.part == name]

@@ -10,7 +10,10 @@ names the function the learner writes and knows three things:
   runs in the learner's process, so it only calls and returns, it never judges.
 - ``verify(case, output)``: the verdict on one case, computed in the checking process from the case's
   inputs (references from PyTorch or the library, and properties): ``None`` for a pass, else a specific
-  message such as ``"row 2 of your weights sums to 0.73"``.
+  message such as ``"row 2 of your weights sums to 0.73"``, typed with its
+  :class:`~attention_course.grading.findings.FailureKind` where it is a
+  :class:`~attention_course.grading.findings.Finding`. Most parts declare it as data with
+  :class:`attention_course.grading.declare.Check`.
 
 The notebook check (:mod:`attention_course.grading.checker`) and the grader
 (:mod:`attention_course.grading.grader`) both use these three functions, so a learner sees in the notebook
@@ -22,11 +25,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from attention_course.grading.findings import FailureKind, Finding
 
 __all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
            "preamble", "randn", "with_concepts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
@@ -108,9 +113,9 @@ def _changed(original: Any, given: Any, depth: int = 0) -> bool:
 def inputs_changed_message(names: Sequence[str]) -> str:
     """The verdict on a case whose inputs the learner's function changed in place."""
     quoted = ", ".join(f"`{name}`" for name in names)
-    return (f"your function changed its input {quoted} in place (e.g. `x /= ...`, `x += ...`, `x.masked_fill_(...)` or "
-            f"`x[...] = ...` on the caller's tensor); leave the inputs as they are: compute a new tensor "
-            f"(`x = x / ...`) or work on `x.clone()`")
+    return Finding(f"your function changed its input {quoted} in place (e.g. `x /= ...`, `x += ...`, "
+                   f"`x.masked_fill_(...)` or `x[...] = ...` on the caller's tensor); leave the inputs as they are: "
+                   f"compute a new tensor (`x = x / ...`) or work on `x.clone()`", FailureKind.IN_PLACE)
 
 
 def preamble(nn: bool = False, library: bool = False) -> str:
@@ -386,6 +391,7 @@ class Mistake:
 
     variant: Callable[..., Any]
     message: str | Callable[..., str]
+    on: str = ""  # in a declared check (declare.Check): the output the variant computes (default: the first)
 
 
 def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
@@ -401,7 +407,8 @@ def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
                 continue
         except Exception:  # a variant that does not apply to these inputs
             continue
-        return mistake.message(*inputs) if callable(mistake.message) else mistake.message
+        message = mistake.message(*inputs) if callable(mistake.message) else mistake.message
+        return Finding(message, FailureKind.KNOWN_MISTAKE)
     return None
 
 
@@ -430,12 +437,17 @@ class Exercise:
             code may rely on. The notebook's cell tagged ``preamble`` must hold exactly this source (a test
             checks it), so the notebook and the grader agree; the grader never runs the learner's copy.
         parts: the graded parts, in notebook order.
+        chapters: the chapters (notebook stems in ``chapters/``) whose ideas the exercise practises.
+        allowed: part -> the course-library names that part may use (the library rule,
+            :mod:`attention_course.grading.library_rules`); a part not listed may use none.
     """
 
     id: str
     title: str
     preamble: str
     parts: tuple[Part, ...]
+    chapters: tuple[str, ...] = ()
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [part.name for part in self.parts]
@@ -444,6 +456,8 @@ class Exercise:
         functions = [part.function for part in self.parts]
         if len(set(functions)) != len(functions):
             raise ValueError(f"exercise {self.id!r} has parts sharing a function name: {functions}")
+        if set(self.allowed) - set(names):
+            raise ValueError(f"exercise {self.id!r} allows library names to unknown parts {sorted(self.allowed)}")
 
     @property
     def max_score(self) -> int:

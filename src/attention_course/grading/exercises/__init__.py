@@ -1,8 +1,12 @@
 """The exercises the course grades: one module per exercise notebook.
 
 A module ``<id>.py`` in this package (``ex02.py``, ``bug_hunt.py``, ...) defines ``EXERCISE``, an
-:class:`~attention_course.grading.spec.Exercise` whose ``id`` equals the module name. Modules are found
-automatically: adding a file is all it takes to make ``exercise("<id>")`` and the grader know it.
+:class:`~attention_course.grading.spec.Exercise` whose ``id`` equals the module name: the exercise's one
+registered unit, holding its parts (each with its cases, check, hints and points), the chapters it practises
+and the course-library names each part may use. Modules are found automatically: adding a file is all it
+takes to make ``exercise("<id>")`` and the grader know it. Most parts' checks are declared as data
+(:class:`attention_course.grading.declare.Check`: a reference, an output spec, properties and a table of
+known mistakes); free-form ``verify`` code remains for unusual parts.
 """
 
 from __future__ import annotations

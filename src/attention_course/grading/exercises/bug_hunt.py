@@ -18,14 +18,15 @@ from torch import nn
 
 from attention_course.grading.compare import (
     close_problem,
+    f64,
     finite_problem,
-    first_problem,
     float32_atol,
     fmt,
     row_name,
-    rows_sum_problem,
     tensor_problem,
 )
+from attention_course.grading.declare import Check, Out, View, distribution
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
 
 PREAMBLE = preamble(nn=True)
@@ -67,14 +68,8 @@ def _cross_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_against_mha(case: Case, output: Any) -> str | None:
-    query, key, value, w_q, w_k, w_v, w_o, heads = case.args
-    expected = _torch_mha(query, key, value, w_q, w_k, w_v, w_o, heads)
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-        lambda: close_problem(output, expected, "your output", "nn.MultiheadAttention with the same weights"),
-    )
+_AGAINST_MHA = Check(reference=lambda v: _torch_mha(*v.args),
+                     outputs=(Out("output", "nn.MultiheadAttention with the same weights"),))
 
 
 # --- 2: heads mixed by an einsum on permuted tensors (errata 2.4) -------------------------------------
@@ -90,19 +85,17 @@ def _head_weight_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_head_weights(case: Case, output: Any) -> str | None:
-    q, k, heads = case.args
+def _head_weights_reference(v: View) -> torch.Tensor:
+    q, k, heads = v.x
     batch, len_q, d_model = q.shape
     d_head = d_model // heads
-    q_heads = q.double().reshape(batch, len_q, heads, d_head).transpose(1, 2)  # (B, H, Lq, dh)
-    k_heads = k.double().reshape(batch, k.shape[1], heads, d_head).transpose(1, 2)  # (B, H, Lk, dh)
-    expected = torch.softmax(q_heads @ k_heads.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
-    return first_problem(
-        lambda: tensor_problem(output, "your weights", expected.shape),
-        lambda: finite_problem(output, "your weights"),
-        lambda: rows_sum_problem(output),
-        lambda: close_problem(output, expected, "your weights", "each head's softmax(q_h k_hᵀ / √d_head)"),
-    )
+    q_heads = q.reshape(batch, len_q, heads, d_head).transpose(1, 2)  # (B, H, Lq, dh)
+    k_heads = k.reshape(batch, k.shape[1], heads, d_head).transpose(1, 2)  # (B, H, Lk, dh)
+    return torch.softmax(q_heads @ k_heads.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
+
+
+_HEAD_WEIGHTS = Check(reference=_head_weights_reference, properties=(distribution("weights"),),
+                      outputs=(Out("weights", "each head's softmax(q_h k_hᵀ / √d_head)"),))
 
 
 # --- 3: scaled by √d_model instead of √d_head (errata 2.6) -------------------------------------------
@@ -118,9 +111,8 @@ def _self_mha_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_self_mha(case: Case, output: Any) -> str | None:
-    x, w_q, w_k, w_v, w_o, heads = case.args
-    return _verify_against_mha(Case(case.name, (x, x, x, w_q, w_k, w_v, w_o, heads)), output)
+_SELF_MHA = Check(reference=lambda v: _torch_mha(v.args[0], v.args[0], *v.args),
+                  outputs=(Out("output", "nn.MultiheadAttention with the same weights"),))
 
 
 # --- 4: -inf masking gives NaN on fully masked rows (errata 0.9) --------------------------------------
@@ -145,50 +137,48 @@ def _masked_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_masked(case: Case, output: Any) -> str | None:
-    q, k, v, mask = case.args
-    scores = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    allowed = mask.expand(scores.shape)
-    expected_w = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
-    expected_out = expected_w @ v.double()
-    empty_rows = ~allowed.any(dim=-1)  # (B, Lq)
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (output, weights)"
-    out, weights = output
+def _masked_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, values, mask = v.x
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(~mask.expand(scores.shape), float("-inf")), dim=-1).nan_to_num(0.0)
+    return weights @ values, weights
 
-    def fully_masked() -> str | None:
-        for tensor, what in ((weights, "weights"), (out, "output")):
-            bad = ~torch.isfinite(tensor).all(dim=-1) & empty_rows
-            if bad.any():
-                index = [int(i) for i in bad.nonzero()[0]]
-                return (f"fully masked {row_name(index)} gives NaN in your {what}: a query with no allowed key "
-                        "must get zero weights and zero output")
-        for tensor, what in ((weights, "weights"), (out, "output")):
-            bad = (tensor.abs().amax(dim=-1) > 1e-6) & empty_rows
-            if bad.any():
-                index = [int(i) for i in bad.nonzero()[0]]
-                return (f"fully masked {row_name(index)} of your {what} is not zero: a query with no allowed key "
-                        "gets zero weights and zero output")
-        return None
 
-    def masked_keys() -> str | None:
-        leak = (weights.double().abs() > 1e-6) & ~allowed
-        if leak.any():
-            index = [int(i) for i in leak.nonzero()[0]]
-            return (f"{row_name(index[:-1])} of your weights gives weight to key {index[-1]}, which the mask blocks "
-                    "(True means 'may attend')")
-        return None
+def _empty_rows(v: View) -> torch.Tensor:
+    return ~v.args[3].expand(v.want.weights.shape).any(dim=-1)  # (B, Lq): queries with no allowed key
 
-    return first_problem(
-        lambda: tensor_problem(weights, "your weights", scores.shape),
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        fully_masked,
-        lambda: finite_problem(weights, "your weights"),
-        masked_keys,
-        lambda: rows_sum_problem(weights, skip_rows=empty_rows),
-        lambda: close_problem(weights, expected_w, "your weights", "the masked softmax"),
-        lambda: close_problem(out, expected_out, "your output", "weights @ v"),
-    )
+
+def _fully_masked(v: View) -> str | None:
+    pairs, empty = ((v.got.weights, "weights"), (v.got.output, "output")), _empty_rows(v)
+    for tensor, what in pairs:
+        bad = ~torch.isfinite(tensor).all(dim=-1) & empty
+        if bad.any():
+            return Finding(f"fully masked {row_name(bad.nonzero()[0].tolist())} gives NaN in your {what}: a query "
+                           "with no allowed key must get zero weights and zero output", FailureKind.NOT_FINITE)
+    for tensor, what in pairs:
+        bad = (tensor.abs().amax(dim=-1) > 1e-6) & empty
+        if bad.any():
+            return (f"fully masked {row_name(bad.nonzero()[0].tolist())} of your {what} is not zero: a query with "
+                    "no allowed key gets zero weights and zero output")
+    return None
+
+
+def _masked_keys(v: View) -> str | None:
+    leak = (f64(v.got.weights).abs() > 1e-6) & ~v.args[3].expand(v.want.weights.shape)
+    if leak.any():
+        index = [int(i) for i in leak.nonzero()[0]]
+        return (f"{row_name(index[:-1])} of your weights gives weight to key {index[-1]}, which the mask blocks "
+                "(True means 'may attend')")
+    return None
+
+
+_MASKED = Check(
+    reference=_masked_reference,
+    outputs=(Out("output", "weights @ v", finite=False), Out("weights", "the masked softmax", finite=False)),
+    compare=("weights",),
+    properties=(_fully_masked, lambda v: finite_problem(v.got.weights, "your weights"), _masked_keys,
+                distribution("weights", skip=_empty_rows)),
+)
 
 
 # --- 5: summing v_i instead of v_j (errata 3.7) --------------------------------------------------------
@@ -203,23 +193,16 @@ def _loop_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_loops(case: Case, output: Any) -> str | None:
-    q, k, v = case.args
-    weights = torch.softmax(q.double() @ k.double().T / math.sqrt(q.shape[1]), dim=-1)
-    expected = weights @ v.double()
+def _copies_values(v: View) -> str | None:
+    rows = min(v.args[0].shape[0], v.args[2].shape[0])
+    if torch.allclose(f64(v.got.output[:rows]), v.x[2][:rows], atol=1e-5):
+        return Finding("your output equals the values (o_i = v_i), so attention does nothing: each output must mix "
+                       "the values of all keys, weighted by its attention weights", FailureKind.KNOWN_MISTAKE)
+    return None
 
-    def copies_values() -> str | None:
-        rows = min(q.shape[0], v.shape[0])
-        if torch.allclose(output[:rows].double(), v[:rows].double(), atol=1e-5):
-            return ("your output equals the values (o_i = v_i), so attention does nothing: each output must mix "
-                    "the values of all keys, weighted by its attention weights")
-        return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        copies_values,
-        lambda: close_problem(output, expected, "your output", "softmax(q kᵀ / √d) v"),
-    )
+_LOOPS = Check(reference=lambda v: torch.softmax(v.x[0] @ v.x[1].T / math.sqrt(v.x[0].shape[1]), dim=-1) @ v.x[2],
+               outputs=(Out("output", "softmax(q kᵀ / √d) v", finite=False),), properties=(_copies_values,))
 
 
 # --- 6: LayerNorm dividing by σ + ε (errata 3.1) -------------------------------------------------------
@@ -236,21 +219,19 @@ def _layer_norm_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_layer_norm(case: Case, output: Any) -> str | None:
-    x, weight, bias = case.args
-    eps = case.kwargs["eps"]
-    expected = F.layer_norm(x.double(), (x.shape[-1],), weight.double(), bias.double(), eps)
-    std = float(x.double().std(dim=-1).mean())
+def _layer_norm_close(v: View) -> str | None:
+    x, weight, bias = v.x
+    eps = v.kwargs["eps"]
     # x - mean rounds to float32 at the scale of |x|, and dividing by the spread magnifies that: inputs of 5 with
     # a spread of 0.01 come out about 700 times their roundoff, so the tolerance grows with that ratio.
-    spread = (x.double().var(dim=-1, correction=0) + eps).sqrt().min()
+    spread = (x.var(dim=-1, correction=0) + eps).sqrt().min()
     atol = float32_atol(x.abs().max() / spread * weight.abs().max(), atol=1e-4)
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: finite_problem(output, "your output"),
-        lambda: close_problem(output, expected, f"for inputs with std {std:.1g} your output",
-                              "nn.LayerNorm (which divides by √(biased variance + eps))", atol=atol, rtol=1e-3),
-    )
+    return close_problem(v.got.output, v.want.output, f"for inputs with std {float(x.std(dim=-1).mean()):.1g} your "
+                         "output", "nn.LayerNorm (which divides by √(biased variance + eps))", atol=atol, rtol=1e-3)
+
+
+_LAYER_NORM = Check(reference=lambda v: F.layer_norm(v.x[0], (v.x[0].shape[-1],), *v.x[1:], v.kwargs["eps"]),
+                    outputs=(Out("output"),), after=(_layer_norm_close,))
 
 
 # --- 7: dropout without rescaling (errata 3.4) ----------------------------------------------------------
@@ -317,16 +298,14 @@ def _sublayer_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_sublayer(case: Case, output: Any) -> str | None:
-    x, w_q, w_k, w_v, w_o, heads, norm_weight, norm_bias = case.args
+def _sublayer_reference(v: View) -> torch.Tensor:
+    x, w_q, w_k, w_v, w_o, heads, norm_weight, norm_bias = v.args
     attended = _torch_mha(x, x, x, w_q, w_k, w_v, w_o, heads)
-    expected = F.layer_norm(x.double() + attended, (x.shape[-1],), norm_weight.double(), norm_bias.double())
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: finite_problem(output, "your output"),
-        lambda: close_problem(output, expected, "your output", "LayerNorm(x + nn.MultiheadAttention(x, x, x))",
-                              atol=1e-4, rtol=1e-3),
-    )
+    return F.layer_norm(x.double() + attended, (x.shape[-1],), norm_weight.double(), norm_bias.double())
+
+
+_SUBLAYER = Check(reference=_sublayer_reference, outputs=(
+    Out("output", "LayerNorm(x + nn.MultiheadAttention(x, x, x))", atol=1e-4, rtol=1e-3),))
 
 
 # --- 9: a decoder without its causal mask (errata 1.11) ------------------------------------------------
@@ -352,30 +331,34 @@ def _run_causal(obj: Any, case: Case) -> Any:
     return obj(x, *weights), obj(changed, *weights)
 
 
-def _verify_causal(case: Case, output: Any) -> str | None:
-    x, w_q, w_k, w_v = case.args
-    q, k, v = (x.double() @ w.double() for w in (w_q, w_k, w_v))
-    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if "cut" in case.data:
-        cut = case.data["cut"]
-        if not isinstance(output, tuple) or len(output) != 2:
+def _unpack_cut(v: View) -> str | None:
+    if "cut" in v.data:
+        if not isinstance(v.output, tuple) or len(v.output) != 2:
             return "expected your function to return one tensor"
-        problem = tensor_problem(output[0], "your output", x.shape) or tensor_problem(output[1], "your output",
-                                                                                      x.shape)
-        if problem:
-            return problem
-        change = (output[1].double() - output[0].double())[:, :cut].abs().amax(dim=(0, 2))  # (cut,)
-        if change.max() > 1e-5:
-            position = int(change.argmax())
-            return (f"causal leakage: changing the tokens from position {cut} on changed your output at position "
-                    f"{position} by {fmt(float(change[position]))}; position i may only attend to positions <= i")
-        output = output[0]
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: finite_problem(output, "your output"),
-        lambda: close_problem(output, expected, "your output",
-                              "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),
-    )
+        v.output, v.extra = v.output
+    return None
+
+
+def _no_leak(v: View) -> str | None:
+    if v.extra is None:
+        return None
+    cut = v.data["cut"]
+    problem = tensor_problem(v.extra, "your output", v.args[0].shape)
+    if problem:
+        return problem
+    change = (f64(v.extra) - f64(v.got.output))[:, :cut].abs().amax(dim=(0, 2))  # (cut,)
+    if change.max() > 1e-5:
+        position = int(change.argmax())
+        return (f"causal leakage: changing the tokens from position {cut} on changed your output at position "
+                f"{position} by {fmt(float(change[position]))}; position i may only attend to positions <= i")
+    return None
+
+
+_CAUSAL = Check(
+    reference=lambda v: F.scaled_dot_product_attention(*(v.x[0] @ w for w in v.x[1:]), is_causal=True),
+    outputs=(Out("output", "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),),
+    unpack=_unpack_cut, properties=(_no_leak,),
+)
 
 
 def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
@@ -387,38 +370,39 @@ def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run:
 EXERCISE = Exercise(
     id="bug_hunt",
     title="Bug hunt: attention bugs that tutorials shipped",
+    chapters=("05_scaling_and_masking", "06_multi_head_attention", "08_layernorm_dropout_residuals"),
     preamble=PREAMBLE,
     parts=(
         _part("multi_head_cross_attention",
               "cross-attention must work when the key length differs from the query length (errata 0.13)",
               "Look at every .view(...) call: which length does each tensor really have? The keys and values come "
               "from the other sequence.",
-              _cross_cases, _verify_against_mha),
+              _cross_cases, _AGAINST_MHA),
         _part("multi_head_weights",
               "each head must attend within itself, shape (B, H, Lq, Lk) (errata 2.4)",
               "An einsum string names the axes of the tensors it is given, in order. After a permute, the axes are "
               "no longer (batch, length, heads, d_head). Either drop the permutes or change the labels.",
-              _head_weight_cases, _verify_head_weights),
+              _head_weight_cases, _HEAD_WEIGHTS),
         _part("multi_head_self_attention",
               "the scores of each head are scaled by 1/√d_head (errata 2.6)",
               "The 1/√d scaling keeps the variance of a dot product of two d-dimensional vectors near 1. Which "
               "vectors are dotted together inside one head, and how long are they?",
-              _self_mha_cases, _verify_self_mha),
+              _self_mha_cases, _SELF_MHA),
         _part("masked_attention",
               "a query with no allowed key gets zero weights and zero output, not NaN (errata 0.9)",
               "softmax of a row that is all -inf is 0/0 = NaN. Fill masked scores with a large finite negative "
               "number (torch.finfo(dtype).min), then set the weights of rows with no allowed key to zero.",
-              _masked_cases, _verify_masked),
+              _masked_cases, _MASKED),
         _part("attention_with_loops",
               "o_i sums the values v_j of all keys j, not v_i (errata 3.7)",
               "Write the formula with its indices: o_i = sum_j w_ij v_j. Which index runs in the inner loop?",
-              _loop_cases, _verify_loops),
+              _loop_cases, _LOOPS),
         _part("layer_norm",
               "LayerNorm divides by √(biased variance + eps), as nn.LayerNorm (errata 3.1)",
               "nn.LayerNorm uses the biased variance (divide by d, not d - 1) and puts eps inside the square root, "
               "next to the variance, rather than adding it to the root. The difference is invisible for unit-variance "
               "inputs and large for small ones.",
-              _layer_norm_cases, _verify_layer_norm),
+              _layer_norm_cases, _LAYER_NORM),
         _part("dropout",
               "inverted dropout scales the survivors by 1/(1 - p) (errata 3.4)",
               "In training each entry survives with probability 1 - p; to keep the expected value of the output "
@@ -429,12 +413,12 @@ EXERCISE = Exercise(
               "the residual connection adds the sub-layer's input, not a projected tensor (errata 0.14)",
               "The residual path carries the sub-layer's input x unchanged around the attention: LayerNorm(x + "
               "attention(x)). Which tensor does the name q hold by the time it is added?",
-              _sublayer_cases, _verify_sublayer),
+              _sublayer_cases, _SUBLAYER),
         _part("causal_self_attention",
               "a decoder position attends only to itself and earlier positions (errata 1.11)",
               "Block the scores of keys j > i before the softmax (a lower-triangular boolean mask, e.g. "
               "torch.ones(L, L, dtype=torch.bool).tril()). Every row keeps its diagonal, so no row is fully masked.",
-              _causal_cases, _verify_causal, _run_causal),
+              _causal_cases, _CAUSAL, _run_causal),
     ),
 )
 

@@ -16,20 +16,18 @@ from typing import Any
 import torch
 
 from attention_course.grading.compare import (
-    close_problem,
-    finite_problem,
-    first_problem,
+    f64,
     float32_atol,
     fmt,
-    non_negative_problem,
     row_name,
-    rows_sum_problem,
     scalar_problem,
     tensor_problem,
 )
+from attention_course.grading.declare import Check, Out, View, distribution
 from attention_course.grading.spec import (
     Case,
     Exercise,
+    Mistake,
     Part,
     call_function,
     pair_problem,
@@ -100,20 +98,19 @@ def _soft_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_soft(case: Case, output: Any) -> str | None:
-    scores, beta = case.args[0], case.kwargs["beta"]
-    expected = torch.softmax(scores.to(torch.float64) * beta, dim=-1)
-    stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
+def _advice(v: View) -> str:
+    return " (subtract each row's maximum before exponentiating)" if v.data.get("stability") else ""
 
-    return first_problem(
-        lambda: tensor_problem(output, "your weights", scores.shape),
-        lambda: None if output.dtype == scores.dtype else
-        f"expected dtype {scores.dtype} (the dtype of the scores), got {output.dtype}",
-        lambda: finite_problem(output, "your weights", advice=stability),
-        lambda: non_negative_problem(output),
-        lambda: rows_sum_problem(output),
-        lambda: close_problem(output, expected, "your weights", "softmax(beta * scores)"),
-    )
+
+_SOFT = Check(
+    reference=lambda v: torch.softmax(v.x[0] * v.kwargs["beta"], dim=-1),
+    outputs=(Out("weights", "softmax(beta * scores)", dtype=lambda v: v.args[0].dtype),),
+    advice=_advice,
+    properties=(distribution("weights"),),
+    mistakes=(Mistake(lambda v: torch.softmax(v.x[0], dim=-1), "your weights ignore beta: multiply the scores by it"),
+              Mistake(lambda v: torch.softmax(v.x[0] / v.kwargs["beta"], dim=-1),
+                      "your weights divide the scores by beta: multiply them by beta instead")),
+)
 
 
 # --- part 3: attention pooling -------------------------------------------------------------------------
@@ -133,28 +130,21 @@ def _pooling_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_pooling(case: Case, output: Any) -> str | None:
-    X, weights = case.args
-    expected = torch.matmul(weights.to(torch.float64), X.to(torch.float64))
+def _picks(v: View) -> str | None:
+    for query, key in enumerate(v.data.get("picks", torch.tensor([])).tolist()):
+        if not torch.allclose(f64(v.got.output[query]), v.want.output[query], atol=1e-5):
+            return f"with a one-hot weight on key {key}, output row {query} should equal row {key} of X"
+    return None
 
-    def picks() -> str | None:
-        for query, key in enumerate(case.data.get("picks", torch.tensor([])).tolist()):
-            if not torch.allclose(output[query].to(torch.float64), expected[query], atol=1e-5):
-                return f"with a one-hot weight on key {key}, output row {query} should equal row {key} of X"
-        return None
 
-    def mean() -> str | None:
-        if case.data.get("mean") and not torch.allclose(output.to(torch.float64), expected, atol=1e-5):
-            return "with uniform weights every output row should be the mean of the rows of X"
-        return None
+def _mean(v: View) -> str | None:
+    if v.data.get("mean") and not torch.allclose(f64(v.got.output), v.want.output, atol=1e-5):
+        return "with uniform weights every output row should be the mean of the rows of X"
+    return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-        picks,
-        mean,
-        lambda: close_problem(output, expected, "your output", "weights @ X"),
-    )
+
+_POOLING = Check(reference=lambda v: torch.matmul(v.x[1], v.x[0]), outputs=(Out("output", "weights @ X"),),
+                 properties=(_picks, _mean))
 
 
 # --- part 4: self-attention without projections --------------------------------------------------------
@@ -185,39 +175,43 @@ def _self_attention_reference(X: torch.Tensor, beta: float) -> tuple[torch.Tenso
     return torch.matmul(weights, X), weights
 
 
-def _verify_self_attention(case: Case, output: Any) -> str | None:
-    X, beta = case.args[0], case.kwargs["beta"]
-    expected_out, expected_w = _self_attention_reference(X, beta)
-    shapes = X.shape, expected_w.shape
-    if "perm" in case.data:
-        if not isinstance(output, tuple) or len(output) != 2:
+def _unpack_permuted(v: View) -> str | None:
+    if "perm" in v.data:
+        if not isinstance(v.output, tuple) or len(v.output) != 2:
             return "expected your function to return a tuple (output, weights)"
-        perm = case.data["perm"]
-        plain, permuted = output
-        problem = pair_problem(plain, *shapes) or pair_problem(permuted, *shapes)
-        if problem:
-            return problem
-        gap = (permuted[0].to(torch.float64) - plain[0].to(torch.float64)[perm]).abs().max()
-        if not gap <= 1e-4:
-            return (f"permuting the rows of X by {perm.tolist()} should permute the output rows the same way, "
-                    f"but they differ by up to {fmt(float(gap))}")
-        output = plain
-    stability = " (subtract each row's maximum before exponentiating)" if case.data.get("stability") else ""
-    # Scores of 1e4 are rounded at that scale; a weight moves by less than its score's roundoff, and the output
-    # by that times |X|.
-    scores = beta * X.to(torch.float64) @ X.to(torch.float64).transpose(-2, -1)
-    weights_atol = float32_atol(scores.abs().max(), factor=1.0)
+        v.output, v.extra = v.output
+    return None
 
-    return first_problem(
-        lambda: pair_problem(output, *shapes),
-        lambda: finite_problem(output[1], "your weights", advice=stability)
-        or finite_problem(output[0], "your output", advice=stability),
-        lambda: non_negative_problem(output[1]),
-        lambda: rows_sum_problem(output[1]),
-        lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * X Xᵀ)", atol=weights_atol),
-        lambda: close_problem(output[0], expected_out, "your output", "weights @ X",
-                              atol=max(1e-4, weights_atol * float(X.abs().max()))),
-    )
+
+def _permuted(v: View) -> str | None:
+    if v.extra is None:
+        return None
+    perm = v.data["perm"]
+    problem = pair_problem(v.extra, v.want.output.shape, v.want.weights.shape)
+    if problem:
+        return problem
+    gap = (f64(v.extra[0]) - f64(v.got.output)[perm]).abs().max()
+    if not gap <= 1e-4:
+        return (f"permuting the rows of X by {perm.tolist()} should permute the output rows the same way, "
+                f"but they differ by up to {fmt(float(gap))}")
+    return None
+
+
+def _weights_atol(v: View) -> float:
+    """Scores of 1e4 are rounded at that scale; a weight moves by less than its score's roundoff."""
+    X = v.x[0]
+    return float32_atol((v.kwargs["beta"] * X @ X.transpose(-2, -1)).abs().max(), factor=1.0)
+
+
+_SELF_ATTENTION = Check(
+    reference=lambda v: _self_attention_reference(v.x[0], v.kwargs["beta"]),
+    outputs=(Out("output", "weights @ X", atol=lambda v: max(1e-4, _weights_atol(v) * float(v.x[0].abs().max()))),
+             Out("weights", "softmax(beta * X Xᵀ)", atol=_weights_atol)),
+    compare=("weights",),
+    unpack=_unpack_permuted,
+    advice=_advice,
+    properties=(_permuted, distribution("weights")),
+)
 
 
 # --- part 5: measuring permutation equivariance --------------------------------------------------------
@@ -277,6 +271,7 @@ def _verify_equivariance(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex02",
     title="Hard and soft attention",
+    chapters=("02_hard_and_soft_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
@@ -297,7 +292,7 @@ EXERCISE = Exercise(
                  "every beta * s_j. Subtract the row maximum (keepdim=True) first: the largest exponent is then "
                  "exp(0) = 1, so nothing overflows and the denominator is at least 1.",
             make_cases=_soft_cases,
-            verify=_verify_soft,
+            verify=_SOFT,
         ),
         Part(
             name="attention_pooling",
@@ -307,7 +302,7 @@ EXERCISE = Exercise(
                  "row vector a @ X. Stacking one weight row per query gives weights @ X; torch.matmul handles "
                  "the leading batch dimensions.",
             make_cases=_pooling_cases,
-            verify=_verify_pooling,
+            verify=_POOLING,
         ),
         Part(
             name="self_attention_no_projections",
@@ -318,7 +313,7 @@ EXERCISE = Exercise(
                  "by beta, turn each row into weights with your soft_attention_weights (a softmax over the keys, the "
                  "last dimension), then pool with your attention_pooling.",
             make_cases=_self_attention_cases,
-            verify=_verify_self_attention,
+            verify=_SELF_ATTENTION,
             run=_run_self_attention,
         ),
         Part(

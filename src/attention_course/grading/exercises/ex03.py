@@ -13,23 +13,16 @@ sum to one, outputs are rows of the values, scores bounded by ``‖w‖₁``) gi
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from attention_course.additive import AdditiveAttention
-from attention_course.grading.compare import (
-    close_problem,
-    finite_problem,
-    first_problem,
-    fmt,
-    non_negative_problem,
-    row_name,
-    rows_sum_problem,
-    tensor_problem,
-)
-from attention_course.grading.spec import Case, Exercise, Part, pair_problem, preamble, randn, with_concepts
+from attention_course.grading.compare import close_problem, f64, fmt, row_name
+from attention_course.grading.declare import Check, Out, View, distribution
+from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_concepts
 
 PREAMBLE = preamble()
 
@@ -62,34 +55,33 @@ def _hard_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_hard(case: Case, output: Any) -> str | None:
-    query, keys, values = case.args
+def _hard_reference(v: View) -> torch.Tensor:
+    query, keys, values = v.x
     winners = _scores(query, keys).argmax(dim=-1)  # (..., m): torch.argmax returns the first maximum
-    expected = torch.gather(values.to(torch.float64), -2,
-                            winners.unsqueeze(-1).expand(*winners.shape, values.shape[-1]))
-    problem = first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-    )
-    if problem:
-        return problem
-    rows = output.to(torch.float64).reshape(-1, values.shape[-1])
-    flat_values = values.to(torch.float64).reshape(-1, *values.shape[-2:])
-    flat_winners = winners.reshape(flat_values.shape[0], -1)
-    m = query.shape[-2]
+    return torch.gather(values, -2, winners.unsqueeze(-1).expand(*winners.shape, values.shape[-1]))
+
+
+def _hard_rows(v: View) -> str | None:
+    """Each output row must be the best key's value; a row that is another key's value says which key."""
+    query, keys, values = v.x
+    rows, flat_values = f64(v.got.output).reshape(-1, values.shape[-1]), values.reshape(-1, *values.shape[-2:])
+    winners, m = _scores(query, keys).argmax(dim=-1).reshape(flat_values.shape[0], -1), query.shape[-2]
     for r in range(rows.shape[0]):
         batch, i = divmod(r, m)
         index = [*torch.unravel_index(torch.tensor(batch), query.shape[:-2]), i] if query.dim() > 2 else [i]
-        best = int(flat_winners[batch, i])
-        if torch.allclose(rows[r], flat_values[batch, best], atol=1e-6):
+        best = int(winners[batch, i])
+        same = [j for j in range(flat_values.shape[1]) if torch.allclose(rows[r], flat_values[batch, j], atol=1e-6)]
+        if best in same:
             continue
-        matches = [j for j in range(flat_values.shape[1]) if torch.allclose(rows[r], flat_values[batch, j], atol=1e-6)]
-        if matches:
-            return (f"{row_name(index)} of your output is the value of key {matches[0]}, but the highest score "
-                    f"(the first one, on a tie) is at key {best}")
-        return (f"{row_name(index)} of your output is not one of the value rows: a hard lookup returns the "
-                f"value of the best key (key {best}) unchanged")
+        if same:
+            return Finding(f"{row_name(index)} of your output is the value of key {same[0]}, but the highest score "
+                           f"(the first one, on a tie) is at key {best}", FailureKind.KNOWN_MISTAKE)
+        return Finding(f"{row_name(index)} of your output is not one of the value rows: a hard lookup returns the "
+                       f"value of the best key (key {best}) unchanged", FailureKind.MISMATCH)
     return None
+
+
+_HARD = Check(reference=_hard_reference, outputs=(Out("output"),), after=(_hard_rows,))
 
 
 # --- part 2: the soft lookup -----------------------------------------------------------------------------
@@ -111,30 +103,35 @@ def _soft_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_soft(case: Case, output: Any) -> str | None:
-    query, keys, values = (t.to(torch.float64) for t in case.args)
-    beta = case.kwargs["beta"]
-    expected_out = F.scaled_dot_product_attention(query, keys, values, scale=beta)
-    expected_w = torch.softmax(beta * _scores(query, keys), dim=-1)
-    stability = " (subtract each row's maximum score before exponentiating)" if case.data.get("stability") else ""
+def _soft_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    query, keys, values = v.x
+    beta = v.kwargs["beta"]
+    return (F.scaled_dot_product_attention(query, keys, values, scale=beta),
+            torch.softmax(beta * _scores(query, keys), dim=-1))
 
-    def uniform() -> str | None:
-        if beta == 0.0 and not torch.allclose(output[0].to(torch.float64), values.mean(dim=-2, keepdim=True)
-                                              .expand_as(expected_out), atol=1e-5):
-            return "with beta = 0 every weight is 1/n, so every output row should be the mean of the value rows"
-        return None
 
-    return first_problem(
-        lambda: pair_problem(output, expected_out.shape, expected_w.shape),
-        lambda: finite_problem(output[1], "your weights", advice=stability)
-        or finite_problem(output[0], "your output", advice=stability),
-        lambda: non_negative_problem(output[1]),
-        lambda: rows_sum_problem(output[1]),
-        lambda: close_problem(output[1], expected_w, "your weights", "softmax(beta * query @ keysᵀ)"),
-        uniform,
-        lambda: close_problem(output[0], expected_out, "your output",
-                              "F.scaled_dot_product_attention(query, keys, values, scale=beta)", atol=1e-4),
-    )
+def _uniform(v: View) -> str | None:
+    mean = v.x[2].mean(dim=-2, keepdim=True).expand_as(v.want.output)
+    if v.kwargs["beta"] == 0.0 and not torch.allclose(f64(v.got.output), mean, atol=1e-5):
+        return "with beta = 0 every weight is 1/n, so every output row should be the mean of the value rows"
+    return None
+
+
+_SOFT = Check(
+    reference=_soft_reference,
+    outputs=(Out("output", "F.scaled_dot_product_attention(query, keys, values, scale=beta)", atol=1e-4),
+             Out("weights", "softmax(beta * query @ keysᵀ)")),
+    compare=("weights",),
+    advice=lambda v: " (subtract each row's maximum score before exponentiating)" if v.data.get("stability") else "",
+    properties=(distribution("weights"), _uniform),
+    mistakes=(
+        Mistake(lambda v: torch.softmax(_scores(*v.x[:2]), dim=-1),
+                "your weights ignore beta: multiply the scores by beta before the softmax", on="weights"),
+        Mistake(lambda v: torch.softmax(v.kwargs["beta"] * _scores(*v.x[:2]) / v.x[0].shape[-1] ** 0.5, dim=-1),
+                "your weights divide the scores by sqrt(d_k): in this exercise beta is the only scale",
+                on="weights"),
+    ),
+)
 
 
 # --- part 3: the additive score --------------------------------------------------------------------------
@@ -152,30 +149,38 @@ def _additive_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_additive(case: Case, output: Any) -> str | None:
-    query, keys, W_q, W_k, w = (t.to(torch.float64) for t in case.args)
+def _additive_reference(v: View) -> torch.Tensor:
+    query, keys, W_q, W_k, w = v.x
     module = AdditiveAttention(W_q.shape[0], W_k.shape[0], W_q.shape[1]).to(torch.float64)
     with torch.no_grad():  # nn.Linear stores Wᵀ: (out, in)
         module.w_q.weight.copy_(W_q.T)
         module.w_k.weight.copy_(W_k.T)
         module.w.weight.copy_(w.unsqueeze(0))
-        expected = module.score(query, keys)  # (..., m, n)
-    bound = float(w.abs().sum())
+        return module.score(query, keys)  # (..., m, n)
 
-    def bounded() -> str | None:
-        largest = float(output.to(torch.float64).abs().max())
-        if largest > bound * (1 + 1e-5) + 1e-5:
-            return (f"your scores reach {fmt(largest)}, but w^T tanh(...) can never exceed sum |w| = {fmt(bound)} "
-                    "in size: apply tanh to q W_q + k W_k before multiplying by w")
-        return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your scores", expected.shape),
-        lambda: finite_problem(output, "your scores"),
-        bounded,
-        lambda: close_problem(output, expected, "your scores",
-                              "w^T tanh(q W_q + k W_k) (attention_course.additive.AdditiveAttention)", atol=1e-4),
-    )
+def _bounded(v: View) -> str | None:
+    bound, largest = float(v.x[4].abs().sum()), float(f64(v.got.scores).abs().max())
+    if largest > bound * (1 + 1e-5) + 1e-5:
+        return (f"your scores reach {fmt(largest)}, but w^T tanh(...) can never exceed sum |w| = {fmt(bound)} "
+                "in size: apply tanh to q W_q + k W_k before multiplying by w")
+    return None
+
+
+_ADDITIVE = Check(
+    reference=_additive_reference,
+    outputs=(Out("scores", "w^T tanh(q W_q + k W_k) (attention_course.additive.AdditiveAttention)", atol=1e-4),),
+    properties=(_bounded,),
+    mistakes=(Mistake(lambda v: _additive_variant(v, lambda q, k: q + k),
+                      "your scores leave out the tanh: apply it to q W_q + k W_k before multiplying by w"),
+              Mistake(lambda v: _additive_variant(v, lambda q, k: torch.tanh(q) + torch.tanh(k)),
+                      "your scores apply tanh to q W_q and to k W_k apart: add them first, then apply tanh")),
+)
+
+
+def _additive_variant(v: View, hidden: Callable[..., torch.Tensor]) -> torch.Tensor:
+    query, keys, W_q, W_k, w = v.x
+    return hidden((query @ W_q).unsqueeze(-2), (keys @ W_k).unsqueeze(-3)) @ w
 
 
 # --- part 4: the limit beta -> infinity ------------------------------------------------------------------
@@ -207,45 +212,39 @@ def _limit_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     return torch.matmul(weights, values.to(torch.float64)), weights
 
 
-def _verify_limit(case: Case, output: Any) -> str | None:
-    query, keys, values = case.args
-    expected_out, expected_w = _limit_reference(query, keys, values)
+def _ties(v: View) -> str | None:
+    """Keys tied for a row's highest score must share its weight equally."""
+    want, got = v.want.weights, f64(v.got.weights)
+    for index in ((want > 0).sum(dim=-1) > 1).nonzero().tolist():
+        row, shared = got[tuple(index)], want[tuple(index)] > 0
+        if not torch.allclose(row, want[tuple(index)], atol=1e-6):
+            tied = shared.nonzero().flatten().tolist()
+            return (f"in {row_name(index)} keys {tied} are tied for the highest score, so each should get "
+                    f"weight 1/{len(tied)} = {fmt(1 / len(tied))}; yours gives them "
+                    f"{[round(float(row[k]), 4) for k in tied]}")
+    return None
 
-    def ties() -> str | None:
-        counts = (expected_w > 0).sum(dim=-1)  # (..., m) keys sharing each row's weight
-        w = output[1].to(torch.float64)
-        for index in (counts > 1).nonzero().tolist():
-            row = w[tuple(index)]
-            shared = expected_w[tuple(index)] > 0
-            if not torch.allclose(row, expected_w[tuple(index)], atol=1e-6):
-                keys_tied = shared.nonzero().flatten().tolist()
-                return (f"in {row_name(index)} keys {keys_tied} are tied for the highest score, so each should get "
-                        f"weight 1/{len(keys_tied)} = {fmt(1 / len(keys_tied))}; yours gives them "
-                        f"{[round(float(row[k]), 4) for k in keys_tied]}")
-        return None
 
-    def limit() -> str | None:
-        problem = close_problem(output[1], expected_w, "your weights",
-                                "the limit of softmax(beta * scores) as beta grows", atol=1e-6, rtol=0.0)
-        if problem and case.data.get("near"):
-            problem += ("; keys 1 and 2 are not tied: however small the gap, the higher score takes all the weight "
-                        "in the limit")
-        return problem
+def _near_tie(v: View) -> str | None:
+    problem = v.data.get("near") and close_problem(v.got.weights, v.want.weights, "your weights", _LIMIT, atol=1e-6,
+                                                   rtol=0.0)
+    return problem and problem + ("; keys 1 and 2 are not tied: however small the gap, the higher score takes all "
+                                  "the weight in the limit")
 
-    return first_problem(
-        lambda: pair_problem(output, expected_out.shape, expected_w.shape),
-        lambda: finite_problem(output[1], "your weights") or finite_problem(output[0], "your output"),
-        lambda: non_negative_problem(output[1]),
-        lambda: rows_sum_problem(output[1]),
-        ties,
-        limit,
-        lambda: close_problem(output[0], expected_out, "your output", "limit_weights @ values", atol=1e-4),
-    )
+
+_LIMIT = "the limit of softmax(beta * scores) as beta grows"
+_LIMIT_CHECK = Check(
+    reference=lambda v: _limit_reference(*v.x),
+    outputs=(Out("output", "limit_weights @ values", atol=1e-4), Out("weights", _LIMIT, atol=1e-6, rtol=0.0)),
+    compare=("weights",),
+    properties=(distribution("weights"), _ties, _near_tie),
+)
 
 
 EXERCISE = Exercise(
     id="ex03",
     title="Attention as a soft key-value lookup",
+    chapters=("03_key_value_store",),
     preamble=PREAMBLE,
     parts=(
         Part(
@@ -258,7 +257,7 @@ EXERCISE = Exercise(
                  "gathering along the key dimension or by turning the indices into one-hot weights and multiplying "
                  "them by the values.",
             make_cases=_hard_cases,
-            verify=_verify_hard,
+            verify=_HARD,
         ),
         Part(
             name="soft_lookup",
@@ -269,7 +268,7 @@ EXERCISE = Exercise(
                  "turn each row into weights with a softmax over the keys, the last dimension. The answer is the "
                  "weights times the values, returned together with the weights.",
             make_cases=_soft_cases,
-            verify=_verify_soft,
+            verify=_SOFT,
         ),
         Part(
             name="additive_scores",
@@ -280,7 +279,7 @@ EXERCISE = Exercise(
                  "into the keys (unsqueeze(-3) -> (..., 1, n, a)). Then tanh, then multiply by w: "
                  "hidden @ w gives (..., m, n).",
             make_cases=_additive_cases,
-            verify=_verify_additive,
+            verify=_ADDITIVE,
         ),
         Part(
             name="limit_lookup",
@@ -291,7 +290,7 @@ EXERCISE = Exercise(
                  "dimension so it broadcasts), mark the keys that reach it, turn the marks into floats and divide "
                  "each row by how many keys it marked. The output is those weights times the values.",
             make_cases=_limit_cases,
-            verify=_verify_limit,
+            verify=_LIMIT_CHECK,
         ),
     ),
 )

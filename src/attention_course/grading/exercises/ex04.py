@@ -16,23 +16,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from attention_course.grading.compare import (
-    close_problem,
-    f64,
-    finite_problem,
-    first_problem,
-    float32_atol,
-    fmt,
-    fmt_shape,
-    matches,
-    non_negative_problem,
-    rows_sum_problem,
-    tensor_problem,
-    tuple_problem,
-    value_error_problem,
-)
+from attention_course.grading.compare import f64, float32_atol, fmt, fmt_shape, tensor_problem, tuple_problem
+from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -40,7 +26,6 @@ from attention_course.grading.spec import (
     Part,
     call_expecting_error,
     call_function,
-    diagnose,
     permutation,
     preamble,
     randn,
@@ -79,14 +64,11 @@ _WEIGHT_MISTAKES = (
 )
 
 
-def _weights_diagnosis(weights: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> str | None:
-    """Recognise the usual wrong weights (:data:`_WEIGHT_MISTAKES`): no 1/√d_k, a division by d_k, or the
-    softmax over the queries. Silent when the weights are right (some cases cannot tell the mistakes apart,
-    e.g. a single key)."""
-    scores, d_k = torch.matmul(f64(q), f64(k).transpose(-2, -1)), q.shape[-1]
-    if matches(weights, torch.softmax(scores / math.sqrt(d_k), dim=-1)):
-        return None
-    return diagnose(_WEIGHT_MISTAKES, weights, scores, d_k)
+def _scores_and_d_k(v: View, qk: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, int]:
+    """The inputs of :data:`_WEIGHT_MISTAKES`: the unscaled scores of the queries and keys (default: the case's
+    first two arguments) and d_k."""
+    q, k = qk or v.x[:2]
+    return torch.matmul(q, k.transpose(-2, -1)), q.shape[-1]
 
 
 # --- part 1: the three projections ---------------------------------------------------------------------
@@ -112,31 +94,28 @@ def _projection_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_projection(case: Case, output: Any) -> str | None:
-    X, W_Q, W_K, W_V = case.args
-    if case.data.get("error") == "dk":
-        return value_error_problem(output, (W_Q.shape[1], W_K.shape[1]),
-                                   f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
-                                   "queries and keys must share d_k")
-    if case.data.get("error") == "rows":
-        return value_error_problem(output, (X.shape[-1], W_Q.shape[0]),
-                                   f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows")
-    problem = first_problem(
-        lambda: None if isinstance(output, (tuple, list)) and len(output) == 3 else
-        "expected a tuple (Q, K, V) of 3 tensors",
-    )
-    if problem:
-        return problem
-    references = [torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V)]
-    for name, actual, expected, W in zip("QKV", output, references, (W_Q, W_K, W_V)):
-        problem = tensor_problem(actual, f"your {name}", expected.shape)
-        if problem and isinstance(actual, torch.Tensor) and tuple(actual.shape) == (*X.shape[:-2], W.shape[1],
-                                                                                     X.shape[-2]):
-            return problem + f": did you compute (X W_{name})ᵀ or W_{name}ᵀ Xᵀ? Rows are tokens: X @ W_{name}"
-        problem = problem or close_problem(actual, expected, f"your {name}", f"X @ W_{name}")
-        if problem:
-            return problem
+def _projection_error(v: View) -> tuple[tuple[int, int], str] | None:
+    X, W_Q, W_K, _ = v.args
+    if v.data.get("error") == "dk":
+        return (W_Q.shape[1], W_K.shape[1]), (f"W_Q has {W_Q.shape[1]} columns and W_K has {W_K.shape[1]}: "
+                                              "queries and keys must share d_k")
+    if v.data.get("error") == "rows":
+        return (X.shape[-1], W_Q.shape[0]), f"X has {X.shape[-1]} features but the weights have {W_Q.shape[0]} rows"
     return None
+
+
+def _transposed(v: View) -> str | None:
+    X = v.args[0]
+    for name, actual, W in zip("QKV", v.output if isinstance(v.output, (tuple, list)) else (), v.args[1:]):
+        if isinstance(actual, torch.Tensor) and tuple(actual.shape) == (*X.shape[:-2], W.shape[1], X.shape[-2]) \
+                and actual.shape != getattr(v.want, name).shape:
+            return (tensor_problem(actual, f"your {name}", getattr(v.want, name).shape)
+                    + f": did you compute (X W_{name})ᵀ or W_{name}ᵀ Xᵀ? Rows are tokens: X @ W_{name}")
+    return None
+
+
+_PROJECTION = Check(reference=lambda v: tuple(torch.matmul(v.x[0], W) for W in v.x[1:]), raises=_projection_error,
+                    outputs=tuple(Out(name, f"X @ W_{name}") for name in "QKV"), before=(_transposed,))
 
 
 # --- part 2: one fused projection, split ---------------------------------------------------------------
@@ -152,25 +131,27 @@ def _fused_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_fused(case: Case, output: Any) -> str | None:
-    X, W_qkv = case.args
-    d_k = case.kwargs["d_k"]
+def _split_widths(v: View) -> str | None:
+    X, W_qkv = v.args
+    d_k = v.kwargs["d_k"]
     d_v = W_qkv.shape[1] - 2 * d_k
-    if not isinstance(output, (tuple, list)) or len(output) != 3:
-        return "expected a tuple (Q, K, V) of 3 tensors"
-    blocks = (W_qkv[:, :d_k], W_qkv[:, d_k:2 * d_k], W_qkv[:, 2 * d_k:])
-    for name, actual, W, width in zip("QKV", output, blocks, (d_k, d_k, d_v)):
-        expected = torch.matmul(f64(X), f64(W))
-        if isinstance(actual, torch.Tensor) and actual.shape[:-1] == expected.shape[:-1] and \
-                actual.shape[-1] != width and d_v != d_k:
+    for name, actual, width in zip("QKV", v.output if isinstance(v.output, (tuple, list)) else (), (d_k, d_k, d_v)):
+        if isinstance(actual, torch.Tensor) and actual.shape[:-1] == X.shape[:-1] and actual.shape[-1] != width \
+                and d_v != d_k:
             return (f"your {name} has {actual.shape[-1]} columns, expected {width}: W_qkv = [W_Q | W_K | W_V] "
                     f"has 2 d_k + d_v = {W_qkv.shape[1]} columns, so split it into sizes "
                     f"[{d_k}, {d_k}, {d_v}] (equal thirds only work when d_v = d_k)")
-        problem = tensor_problem(actual, f"your {name}", expected.shape) or close_problem(
-            actual, expected, f"your {name}", f"X @ W_qkv[:, {name} columns]")
-        if problem:
-            return problem
     return None
+
+
+def _fused_reference(v: View) -> tuple[torch.Tensor, ...]:
+    X, W_qkv = v.x
+    d_k = v.kwargs["d_k"]
+    return tuple(torch.matmul(X, W) for W in (W_qkv[:, :d_k], W_qkv[:, d_k:2 * d_k], W_qkv[:, 2 * d_k:]))
+
+
+_FUSED = Check(reference=_fused_reference, before=(_split_widths,),
+               outputs=tuple(Out(name, f"X @ W_qkv[:, {name} columns]") for name in "QKV"))
 
 
 # --- part 3: one query, step by step -------------------------------------------------------------------
@@ -188,33 +169,20 @@ def _one_query_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_one_query(case: Case, output: Any) -> str | None:
-    q, K, V = case.args
-    expected_out, expected_w = _reference_attention(q.unsqueeze(0), K, V)
-    expected_out, expected_w = expected_out[0], expected_w[0]
-    problem = tuple_problem(output, "output", "weights")
-    if problem:
-        return problem
-    out, w = output
+def _uniform(v: View) -> str | None:
+    if v.data.get("uniform") and not torch.allclose(f64(v.got.output), v.x[2].mean(0), atol=1e-5):
+        return "with all keys equal every weight is 1/L, so the output must be the mean of the values"
+    return None
 
-    def uniform() -> str | None:
-        if case.data.get("uniform") and not torch.allclose(f64(out), f64(V).mean(0), atol=1e-5):
-            return "with all keys equal every weight is 1/L, so the output must be the mean of the values"
-        return None
 
-    return first_problem(
-        lambda: tensor_problem(w, "your weights", expected_w.shape),
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        lambda: finite_problem(w, "your weights", by_rows=False),
-        lambda: finite_problem(out, "your output", by_rows=False),
-        lambda: non_negative_problem(w),
-        lambda: None if abs(float(w.double().sum()) - 1) <= 1e-4 else
-        f"your weights sum to {fmt(float(w.double().sum()))} instead of 1",
-        lambda: _weights_diagnosis(w, q, K),
-        lambda: close_problem(w, expected_w, "your weights", "softmax(K q / sqrt(d_k))", atol=_weights_atol(q, K)),
-        uniform,
-        lambda: close_problem(out, expected_out, "your output", "sum_j weights[j] * V[j]"),
-    )
+_ONE_QUERY = Check(
+    reference=lambda v: tuple(t[0] for t in _reference_attention(v.x[0].unsqueeze(0), *v.x[1:])),
+    outputs=(Out("output", "sum_j weights[j] * V[j]", by_rows=False),
+             Out("weights", "softmax(K q / sqrt(d_k))", by_rows=False, atol=lambda v: _weights_atol(*v.args[:2]))),
+    compare=("weights",),
+    properties=(distribution("weights"), _uniform),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
+)
 
 
 # --- part 4: the matrix form ---------------------------------------------------------------------------
@@ -233,34 +201,24 @@ def _matrix_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_matrix(case: Case, output: Any) -> str | None:
-    Q, K, V = case.args
-    expected_out, expected_w = _reference_attention(Q, K, V)
-    torch_out = F.scaled_dot_product_attention(f64(Q), f64(K), f64(V))
-    problem = tuple_problem(output, "output", "weights")
-    if problem:
-        return problem
-    out, w = output
+def _transposed_weights(v: View) -> str | None:
+    w, expected = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None, v.want.weights
+    if isinstance(w, torch.Tensor) and tuple(w.shape) == (*expected.shape[:-2], *reversed(expected.shape[-2:])) \
+            and expected.shape[-1] != expected.shape[-2]:
+        return (f"your weights have shape {fmt_shape(w.shape)}, expected {fmt_shape(expected.shape)}: one row "
+                "per query and one column per key, scores = Q @ K.transpose(-2, -1)")
+    return None
 
-    def shape_hint() -> str | None:
-        if isinstance(w, torch.Tensor) and tuple(w.shape) == tuple(expected_w.shape[:-2]) + tuple(
-                reversed(expected_w.shape[-2:])) and expected_w.shape[-1] != expected_w.shape[-2]:
-            return (f"your weights have shape {fmt_shape(w.shape)}, expected {fmt_shape(expected_w.shape)}: one row "
-                    "per query and one column per key, scores = Q @ K.transpose(-2, -1)")
-        return None
 
-    return first_problem(
-        shape_hint,
-        lambda: tensor_problem(w, "your weights", expected_w.shape),
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        lambda: finite_problem(w, "your weights"),
-        lambda: finite_problem(out, "your output"),
-        lambda: non_negative_problem(w),
-        lambda: _weights_diagnosis(w, Q, K),
-        lambda: rows_sum_problem(w),
-        lambda: close_problem(w, expected_w, "your weights", "softmax(Q Kᵀ / sqrt(d_k))", atol=_weights_atol(Q, K)),
-        lambda: close_problem(out, torch_out, "your output", "F.scaled_dot_product_attention"),
-    )
+_MATRIX = Check(
+    reference=lambda v: _reference_attention(*v.x),
+    outputs=(Out("output", "F.scaled_dot_product_attention"),
+             Out("weights", "softmax(Q Kᵀ / sqrt(d_k))", atol=lambda v: _weights_atol(*v.args[:2]))),
+    compare=("weights",),
+    before=(_transposed_weights,),
+    properties=(distribution("weights"),),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
+)
 
 
 # --- part 5: cross-attention ---------------------------------------------------------------------------
@@ -296,63 +254,65 @@ def _run_cross(obj: Any, case: Case) -> Any:
     return plain, obj(X_q[case.data["perm_q"]].clone(), X_kv.clone(), *weights, **kwargs)
 
 
-def _verify_cross(case: Case, output: Any) -> str | None:
-    X_q, X_kv, W_Q, W_K, W_V = case.args
-    permuted = None
-    if "perm_kv" in case.data or "perm_q" in case.data:
-        if not isinstance(output, tuple) or len(output) != 2:
+def _projections(v: View) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    X_q, X_kv, W_Q, W_K, W_V = v.x
+    return torch.matmul(X_q, W_Q), torch.matmul(X_kv, W_K), torch.matmul(X_kv, W_V)
+
+
+def _unpack_permuted(v: View) -> str | None:
+    if "perm_kv" in v.data or "perm_q" in v.data:
+        if not isinstance(v.output, tuple) or len(v.output) != 2:
             return "expected your function to return a tuple (output, weights)"
-        output, permuted = output
-    Q, K, V = (torch.matmul(f64(X), f64(W)) for X, W in ((X_q, W_Q), (X_kv, W_K), (X_kv, W_V)))
-    expected_out, expected_w = _reference_attention(Q, K, V)
-    problem = tuple_problem(output, "output", "weights")
+        v.output, v.extra = v.output
+    return None
+
+
+def _roles(v: View) -> str | None:
+    lq, lk = v.args[0].shape[-2], v.args[1].shape[-2]
+    out = v.output[0] if isinstance(v.output, (tuple, list)) and v.output else None
+    if isinstance(out, torch.Tensor) and lq != lk and out.dim() >= 2 and out.shape[-2] == lk:
+        return (f"your output has {lk} rows, one per source token; cross-attention gives one output per "
+                f"query, and the queries come from X_q ({lq} rows: the target, decoder side)")
+    return None
+
+
+def _reordered(v: View) -> str | None:
+    if v.extra is None:
+        return None
+    problem = tuple_problem(v.extra, "output", "weights") or tensor_problem(v.extra[0], "your output",
+                                                                             v.want.output.shape)
     if problem:
         return problem
-    out, w = output
-
-    def roles() -> str | None:
-        lq, lk = X_q.shape[-2], X_kv.shape[-2]
-        if isinstance(out, torch.Tensor) and lq != lk and out.dim() >= 2 and out.shape[-2] == lk:
-            return (f"your output has {lk} rows, one per source token; cross-attention gives one output per "
-                    f"query, and the queries come from X_q ({lq} rows: the target, decoder side)")
+    if "perm_kv" in v.data:
+        gap = float((f64(v.extra[0]) - f64(v.got.output)).abs().max())
+        if not gap <= 1e-4:
+            return (f"reordering the source tokens (keys and values together) changed your output by up to "
+                    f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
         return None
+    perm = v.data["perm_q"]
+    gap = float((f64(v.extra[0]) - f64(v.got.output)[perm]).abs().max())
+    if not gap <= 1e-4:
+        return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
+                f"way, but they differ by up to {fmt(gap)}")
+    return None
 
-    def permutation() -> str | None:
-        if permuted is None:
-            return None
-        problem = tuple_problem(permuted, "output", "weights") or tensor_problem(
-            permuted[0], "your output", expected_out.shape)
-        if problem:
-            return problem
-        if "perm_kv" in case.data:
-            gap = float((f64(permuted[0]) - f64(out)).abs().max())
-            if not gap <= 1e-4:
-                return (f"reordering the source tokens (keys and values together) changed your output by up to "
-                        f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
-        else:
-            perm = case.data["perm_q"]
-            gap = float((f64(permuted[0]) - f64(out)[perm]).abs().max())
-            if not gap <= 1e-4:
-                return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
-                        f"way, but they differ by up to {fmt(gap)}")
-        return None
 
-    return first_problem(
-        roles,
-        lambda: tensor_problem(w, "your weights", expected_w.shape),
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        lambda: finite_problem(out, "your output"),
-        lambda: rows_sum_problem(w),
-        lambda: _weights_diagnosis(w, Q, K),
-        lambda: close_problem(w, expected_w, "your weights", "softmax((X_q W_Q)(X_kv W_K)ᵀ / sqrt(d_k))"),
-        lambda: close_problem(out, expected_out, "your output", "weights @ (X_kv W_V)"),
-        permutation,
-    )
+_CROSS = Check(
+    reference=lambda v: _reference_attention(*_projections(v)),
+    outputs=(Out("output", "weights @ (X_kv W_V)"), Out("weights", "softmax((X_q W_Q)(X_kv W_K)ᵀ / sqrt(d_k))")),
+    compare=("weights",),
+    unpack=_unpack_permuted,
+    before=(_roles,),
+    properties=(distribution("weights"),),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(v, _projections(v)[:2]), on="weights"),
+    after=(_reordered,),
+)
 
 
 EXERCISE = Exercise(
     id="ex04",
     title="Queries, keys and values",
+    chapters=("04_queries_keys_values",),
     preamble=PREAMBLE,
     parts=(
         Part(
@@ -364,7 +324,7 @@ EXERCISE = Exercise(
                 'the number of rows of each weight matrix, and the number of columns of W_Q with that of W_K; '
                 'raise a ValueError whose message contains both numbers.'),
             make_cases=_projection_cases,
-            verify=_verify_projection,
+            verify=_PROJECTION,
             run=call_expecting_error,
         ),
         Part(
@@ -375,7 +335,7 @@ EXERCISE = Exercise(
                 'widths d_k, d_k and whatever is left (that is d_v); a split into three equal chunks only works '
                 'when d_v happens to equal d_k.'),
             make_cases=_fused_cases,
-            verify=_verify_fused,
+            verify=_FUSED,
         ),
         Part(
             name="attend_one_query",
@@ -386,7 +346,7 @@ EXERCISE = Exercise(
                  "the output is the weighted sum of the rows of V: the values of the keys, v_j, not the query's own "
                  "value.",
             make_cases=_one_query_cases,
-            verify=_verify_one_query,
+            verify=_ONE_QUERY,
         ),
         Part(
             name="attention_matrix_form",
@@ -396,7 +356,7 @@ EXERCISE = Exercise(
                 'transpose reverses the batch dimensions too), and divide by the square root of d_k: one row per '
                 'query. Take the softmax along the keys, then multiply the weights by V.'),
             make_cases=_matrix_cases,
-            verify=_verify_matrix,
+            verify=_MATRIX,
         ),
         Part(
             name="cross_attention",
@@ -406,7 +366,7 @@ EXERCISE = Exercise(
                  "X_kv @ W_V), then reuse attention_matrix_form. There is one output per query, so the output "
                  "has the length of X_q, whatever the length of X_kv.",
             make_cases=_cross_cases,
-            verify=_verify_cross,
+            verify=_CROSS,
             run=_run_cross,
         ),
     ),

@@ -417,6 +417,7 @@ def _verify_decoder(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex05",
     title="Scaling and masking",
+    chapters=("05_scaling_and_masking",),
     preamble=PREAMBLE,
     parts=(
         Part(

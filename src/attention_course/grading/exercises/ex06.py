@@ -25,15 +25,13 @@ from attention_course.grading.compare import (
     close_problem,
     f64,
     finite_problem,
-    first_problem,
     fmt_shape,
     matches,
-    non_negative_problem,
     rows_sum_problem,
     tensor_problem,
-    tuple_problem,
-    value_error_problem,
 )
+from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -41,7 +39,6 @@ from attention_course.grading.spec import (
     Part,
     call_expecting_error,
     call_function,
-    diagnose,
     preamble,
     randn,
     with_concepts,
@@ -82,28 +79,24 @@ _SPLIT_MISTAKES = (  # (x (B, L, d), h) -> a wrong split, or None where it canno
 )
 
 
-def _verify_split(case: Case, output: Any) -> str | None:
-    x, h = case.args
-    B, L, d = x.shape
-    if case.data.get("error"):
-        return value_error_problem(output, (d, h), f"d_model = {d} is not divisible by num_heads = {h}")
-    expected = _expected_split(x, h)
+def _head_blocks(v: View) -> str | None:
+    x, h = v.args
+    d_head = x.shape[-1] // h
+    for i in range(h):
+        if not torch.allclose(f64(v.got.split[:, i]), f64(x[:, :, i * d_head:(i + 1) * d_head]), atol=1e-6):
+            return (f"head {i} of your output should be features {i * d_head}..{(i + 1) * d_head - 1} of every "
+                    "token, x[:, :, i*d_head:(i+1)*d_head]")
+    return None
 
-    def head_blocks() -> str | None:
-        d_head = d // h
-        for i in range(h):
-            block = x[:, :, i * d_head:(i + 1) * d_head]
-            if not torch.allclose(f64(output[:, i]), f64(block), atol=1e-6):
-                return (f"head {i} of your output should be features {i * d_head}..{(i + 1) * d_head - 1} of every "
-                        "token, x[:, :, i*d_head:(i+1)*d_head]")
-        return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your split", expected.shape),
-        lambda: diagnose(_SPLIT_MISTAKES, output, x, h),
-        head_blocks,
-        lambda: close_problem(output, expected, "your split", "x.view(B, L, h, d_head).transpose(1, 2)"),
-    )
+_SPLIT = Check(
+    reference=lambda v: _expected_split(*v.x),
+    outputs=(Out("split", "x.view(B, L, h, d_head).transpose(1, 2)"),),
+    raises=lambda v: ((v.args[0].shape[-1], v.args[1]), f"d_model = {v.args[0].shape[-1]} is not divisible by "
+                      f"num_heads = {v.args[1]}") if v.data.get("error") else None,
+    mistakes=mistakes_on(_SPLIT_MISTAKES, lambda v: v.args, on="split"),
+    explain=(_head_blocks,),
+)
 
 
 # --- part 2: merge heads -------------------------------------------------------------------------------
@@ -117,19 +110,19 @@ def _merge_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_merge(case: Case, output: Any) -> str | None:
-    (x,) = case.args
+def _straight_merge(x: torch.Tensor) -> torch.Tensor | None:
     B, h, L, d_head = x.shape
-    expected = x.transpose(1, 2).reshape(B, L, h * d_head)
-    mistake = Mistake(lambda: x.reshape(B, L, h * d_head) if h > 1 and L > 1 else None,
-                      "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
-                      "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape")
+    return x.reshape(B, L, h * d_head) if h > 1 and L > 1 else None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your merged tensor", expected.shape),
-        lambda: diagnose((mistake,), output),
-        lambda: close_problem(output, expected, "your merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),
-    )
+
+_MERGE = Check(
+    reference=lambda v: v.x[0].transpose(1, 2).reshape(v.x[0].shape[0], v.x[0].shape[2], -1),
+    outputs=(Out("merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),),
+    mistakes=(Mistake(lambda v: _straight_merge(v.args[0]),
+                      "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
+                      "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape",
+                      on="merged tensor"),),
+)
 
 
 # --- part 3: the multi-head forward pass ---------------------------------------------------------------
@@ -250,68 +243,76 @@ _FORWARD_MISTAKES = (
 )
 
 
-def _verify_forward(case: Case, output: Any) -> str | None:
-    query, key, value, params, h = case.args
-    mask = case.kwargs["mask"]
-    B, Lq, d = query.shape
-    Lk = key.shape[1]
-    expected_out, expected_w, reference = _reference_forward(query, key, value, params, h, mask)
-    case_grad = None
-    if case.data.get("gradient"):
-        if not isinstance(output, dict) or "result" not in output:
+def _forward_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    out, weights, v.label = _reference_forward(*v.args, v.kwargs["mask"])
+    return out, weights
+
+
+def _unpack_gradient(v: View) -> str | None:
+    if v.data.get("gradient"):
+        if not isinstance(v.output, dict) or "result" not in v.output:
             return "your output could not be read"
-        output, case_grad = output["result"], output.get("grad")
-    problem = tuple_problem(output, "output", "weights")
-    if problem:
-        return problem
-    out, weights = output
-    no_key = None if mask is None else ~mask.expand(B, h, Lq, Lk).any(dim=-1)  # (B, h, Lq)
+        v.output, v.extra = v.output["result"], v.output.get("grad")
+    return None
 
-    def weights_shape() -> str | None:
-        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
-            return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head, "
-                    f"shape {fmt_shape(expected_w.shape)}, not their average")
-        return tensor_problem(weights, "your weights", expected_w.shape)
 
-    def gradient() -> str | None:
-        grad = case_grad
-        if grad is None:
-            return None
-        if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(query.shape):
-            return "could not compute the gradient of your output with respect to the query"
-        if not bool(torch.isfinite(grad).all()):
-            return ("the gradient of your output with respect to the query contains NaN for the query with no "
-                    "allowed key: -inf scores make softmax compute 0/0 in the backward pass too; fill blocked "
-                    "scores with a large negative finite number such as torch.finfo(scores.dtype).min")
+def _no_key(v: View) -> torch.Tensor | None:
+    """(B, h, Lq): the queries with no allowed key (``None`` without a mask)."""
+    mask = v.kwargs["mask"]
+    return None if mask is None else ~mask.expand(v.want.weights.shape).any(dim=-1)
+
+
+def _averaged_heads(v: View) -> str | None:
+    weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
+    B, Lq, Lk, h = v.args[0].shape[0], v.args[0].shape[1], v.args[1].shape[1], v.args[4]
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
+        return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head, "
+                f"shape {fmt_shape(v.want.weights.shape)}, not their average")
+    return None
+
+
+def _empty_rows(v: View) -> str | None:
+    no_key, weights, out = _no_key(v), v.got.weights, v.got.output
+    if no_key is None or not bool(no_key.any()):
         return None
+    b, head, q = (int(i) for i in no_key.nonzero()[0])
+    if not torch.isfinite(weights[b, head, q]).all() or not torch.isfinite(out[b, q]).all():
+        return Finding(f"query {q} of batch item {b} has no allowed key and your result there contains NaN; give "
+                       "such a row zero weights (fill blocked scores with a large negative finite number, or zero "
+                       "the row after the softmax)", FailureKind.NOT_FINITE)
+    if not torch.allclose(f64(weights[b, head, q]), torch.zeros(weights.shape[-1], dtype=torch.float64)):
+        return (f"query {q} of batch item {b} has no allowed key, so its weights must be all zero, got "
+                f"{[round(float(w), 3) for w in weights[b, head, q]]}")
+    return None
 
-    def empty_rows() -> str | None:
-        if no_key is None or not bool(no_key.any()):
-            return None
-        b, head, q = (int(i) for i in no_key.nonzero()[0])
-        if not torch.isfinite(weights[b, head, q]).all() or not torch.isfinite(out[b, q]).all():
-            return (f"query {q} of batch item {b} has no allowed key and your result there contains NaN; give such "
-                    "a row zero weights (fill blocked scores with a large negative finite number, or zero the row "
-                    "after the softmax)")
-        if not torch.allclose(f64(weights[b, head, q]), torch.zeros(Lk, dtype=torch.float64)):
-            return (f"query {q} of batch item {b} has no allowed key, so its weights must be all zero, got "
-                    f"{[round(float(w), 3) for w in weights[b, head, q]]}")
+
+def _gradient(v: View) -> str | None:
+    if not v.data.get("gradient"):
         return None
+    grad = v.extra
+    if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(v.args[0].shape):
+        return "could not compute the gradient of your output with respect to the query"
+    if not bool(torch.isfinite(grad).all()):
+        return Finding("the gradient of your output with respect to the query contains NaN for the query with no "
+                       "allowed key: -inf scores make softmax compute 0/0 in the backward pass too; fill blocked "
+                       "scores with a large negative finite number such as torch.finfo(scores.dtype).min",
+                       FailureKind.NOT_FINITE)
+    return None
 
-    return first_problem(
-        weights_shape,
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        empty_rows,
-        lambda: finite_problem(weights, "your weights"),
-        lambda: finite_problem(out, "your output"),
-        lambda: non_negative_problem(weights),
-        lambda: diagnose(_FORWARD_MISTAKES, out, *case.args, mask),
-        lambda: rows_sum_problem(weights, skip_rows=no_key),
-        gradient,
-        lambda: close_problem(weights, expected_w, "your weights", f"the per-head weights of {reference}"),
-        # The output passes through four float32 projections of width d_model: 1e-4 absorbs their rounding.
-        lambda: close_problem(out, expected_out, "your output", reference, atol=1e-4),
-    )
+
+_FORWARD = Check(
+    reference=_forward_reference,
+    # The output passes through four float32 projections of width d_model: 1e-4 absorbs their rounding.
+    outputs=(Out("output", lambda v: v.label, atol=1e-4, finite=False),
+             Out("weights", lambda v: f"the per-head weights of {v.label}", finite=False)),
+    compare=("weights",),
+    unpack=_unpack_gradient,
+    before=(_averaged_heads,),
+    properties=(_empty_rows, lambda v: finite_problem(v.got.weights, "your weights"),
+                lambda v: finite_problem(v.got.output, "your output"), distribution("weights", skip=_no_key),
+                _gradient),
+    mistakes=mistakes_on(_FORWARD_MISTAKES, lambda v: (*v.args, v.kwargs["mask"]), on="output"),
+)
 
 
 # --- part 4: parameters from nn.MultiheadAttention ----------------------------------------------------
@@ -424,65 +425,56 @@ def _run_torch(obj: Any, case: Case) -> Any:
     return obj(_build_module(case), *args, **kwargs)
 
 
-def _verify_torch(case: Case, output: Any) -> str | None:
-    query, key, value = case.args
-    key_padding, attn_mask = case.kwargs["key_padding_mask"], case.kwargs["attn_mask"]
-    module = _build_module(case).to(torch.float64)
-    h = case.data["num_heads"]
+def _torch_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    module = _build_module(v.case).to(torch.float64)
+    with torch.no_grad():
+        return module(*v.x, key_padding_mask=v.kwargs["key_padding_mask"], attn_mask=v.kwargs["attn_mask"],
+                      need_weights=True, average_attn_weights=False)
 
-    def run(kp: torch.Tensor | None, am: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            return module(f64(query), f64(key), f64(value), key_padding_mask=kp, attn_mask=am,
-                          need_weights=True, average_attn_weights=False)
 
-    expected_out, expected_w = run(key_padding, attn_mask)
-    problem = tuple_problem(output, "output", "weights")
-    if problem:
-        return problem
-    out, weights = output
+def _inverted(v: View) -> str | None:
+    """Which of PyTorch's masks (True = blocked) the learner used as a course mask (True = may attend)."""
+    key_padding, attn_mask = v.kwargs["key_padding_mask"], v.kwargs["attn_mask"]
+    for flip_kp in ([False, True] if key_padding is not None else [False]):
+        for flip_am in ([False, True] if attn_mask is not None else [False]):
+            if not (flip_kp or flip_am):
+                continue
+            allowed = None
+            if key_padding is not None:
+                allowed = (key_padding if flip_kp else ~key_padding)[:, None, None, :]
+            if attn_mask is not None:
+                am = attn_mask if flip_am else ~attn_mask
+                allowed = am if allowed is None else allowed & am
+            if matches(v.got.output, _library_forward(*v.args, _build_module(v.case), allowed)):
+                names = " and ".join(n for n, f in (("key_padding_mask", flip_kp), ("attn_mask", flip_am)) if f)
+                return Finding(f"you used {names} without inverting it: nn.MultiheadAttention's masks mean True = "
+                               "blocked, the course's True = may attend; convert with ~mask", FailureKind.KNOWN_MISTAKE)
+    return None
 
-    def inverted() -> str | None:
-        variants = []  # (which masks were left uninverted, course mask the learner then used)
-        for flip_kp in ([False, True] if key_padding is not None else [False]):
-            for flip_am in ([False, True] if attn_mask is not None else [False]):
-                if not (flip_kp or flip_am):
-                    continue
-                allowed = None
-                if key_padding is not None:
-                    allowed = (key_padding if flip_kp else ~key_padding)[:, None, None, :]
-                if attn_mask is not None:
-                    am = attn_mask if flip_am else ~attn_mask
-                    allowed = am if allowed is None else allowed & am
-                names = [n for n, f in (("key_padding_mask", flip_kp), ("attn_mask", flip_am)) if f]
-                variants.append((" and ".join(names), allowed))
-        for names, allowed in variants:
-            if matches(out, _library_forward(query, key, value, _build_module(case), allowed)):
-                return (f"you used {names} without inverting it: nn.MultiheadAttention's masks mean True = blocked, "
-                        "the course's True = may attend; convert with ~mask")
-        return None
 
-    def shape() -> str | None:
-        B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
-        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
-            return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head "
-                    f"{fmt_shape(expected_w.shape)} (PyTorch's average_attn_weights=False)")
-        return tensor_problem(weights, "your weights", expected_w.shape)
+def _torch_averaged(v: View) -> str | None:
+    weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
+    B, Lq, Lk = v.args[0].shape[0], v.args[0].shape[1], v.args[1].shape[1]
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and v.data["num_heads"] > 1:
+        return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head "
+                f"{fmt_shape(v.want.weights.shape)} (PyTorch's average_attn_weights=False)")
+    return None
 
-    return first_problem(
-        shape,
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        lambda: finite_problem(out, "your output"),
-        lambda: finite_problem(weights, "your weights"),
-        inverted,
-        lambda: rows_sum_problem(weights),
-        lambda: close_problem(weights, expected_w, "your weights", "module(..., average_attn_weights=False)"),
-        lambda: close_problem(out, expected_out, "your output", "module(query, key, value, masks)"),
-    )
+
+_TORCH = Check(
+    reference=_torch_reference,
+    outputs=(Out("output", "module(query, key, value, masks)"),
+             Out("weights", "module(..., average_attn_weights=False)")),
+    compare=("weights",),
+    before=(_torch_averaged,),
+    properties=(_inverted, lambda v: rows_sum_problem(v.got.weights)),
+)
 
 
 EXERCISE = Exercise(
     id="ex06",
     title="Multi-head attention",
+    chapters=("06_multi_head_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
@@ -494,7 +486,7 @@ EXERCISE = Exercise(
                  "L, h, d_head)), and swap the position and head axes so the heads come before the positions: (B, h, "
                  "L, d_head).",
             make_cases=_split_cases,
-            verify=_verify_split,
+            verify=_SPLIT,
             run=call_expecting_error,
         ),
         Part(
@@ -505,7 +497,7 @@ EXERCISE = Exercise(
                  "then join the last two axes into one of h * d_head features. After swapping axes the tensor is not "
                  "contiguous, so view refuses it: reshape works (or make it contiguous first).",
             make_cases=_merge_cases,
-            verify=_verify_merge,
+            verify=_MERGE,
         ),
         Part(
             name="multi_head_attention",
@@ -517,7 +509,7 @@ EXERCISE = Exercise(
                 'take the softmax over the keys, and zero the rows with no allowed key. Merge the heads with your'
                 ' part 2 and apply the output projection.'),
             make_cases=_forward_cases,
-            verify=_verify_forward,
+            verify=_FORWARD,
             run=_run_forward,
         ),
         Part(
@@ -542,7 +534,7 @@ EXERCISE = Exercise(
                  "the queries, to become (B, 1, 1, Lk); the attention mask (Lq, Lk) already broadcasts. Combine them "
                  "with a logical and, then call your multi_head_attention with the module's number of heads.",
             make_cases=_torch_cases,
-            verify=_verify_torch,
+            verify=_TORCH,
             run=_run_torch,
         ),
     ),

@@ -331,6 +331,7 @@ def _verify_embed(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex07",
     title="Positional encoding",
+    chapters=("07_positional_encoding",),
     preamble=PREAMBLE,
     parts=(
         Part(

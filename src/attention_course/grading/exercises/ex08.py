@@ -29,13 +29,13 @@ from attention_course.grading.compare import (
     fmt,
     tensor_problem,
 )
+from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
     call_function,
-    diagnose,
     preamble,
     randn,
     with_concepts,
@@ -112,23 +112,12 @@ _LAYER_NORM_MISTAKES = (  # (x, weight, bias, eps), float64 -> a wrong LayerNorm
 )
 
 
-def _verify_layer_norm(case: Case, output: Any) -> str | None:
-    x, weight, bias = case.args
-    eps = case.kwargs["eps"]
-    expected = _reference_layer_norm(x, weight, bias, eps)
-
-    def diagnosis() -> str | None:
-        if close_f64(output, expected):
-            return None
-        return diagnose(_LAYER_NORM_MISTAKES, output, f64(x), f64(weight), f64(bias), eps, matches=_finite_close)
-
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {output.dtype}",
-        lambda: finite_problem(output, "your output"),
-        diagnosis,
-        lambda: close_problem(output, expected, "your output", "F.layer_norm (nn.LayerNorm)", atol=1e-4, rtol=1e-3),
-    )
+_LAYER_NORM = Check(
+    reference=lambda v: _reference_layer_norm(*v.args, v.kwargs["eps"]),
+    outputs=(Out("output", "F.layer_norm (nn.LayerNorm)", atol=1e-4, rtol=1e-3, dtype=lambda v: v.args[0].dtype),),
+    mistakes=mistakes_on(_LAYER_NORM_MISTAKES, lambda v: (*v.x, v.kwargs["eps"])),
+    matches=_finite_close,
+)
 
 
 # --- part 2: dropout -------------------------------------------------------------------------------------
@@ -234,28 +223,24 @@ _RESIDUAL_MISTAKES = (  # (x, f, norm, norm_first), float64 -> a wrong residual 
 )
 
 
-def _verify_residual(case: Case, output: Any) -> str | None:
-    x, sublayer, norm = case.args
-    norm_first = case.kwargs["norm_first"]
-    x64 = f64(x)
-    f = lambda t: f64(sublayer(t))  # noqa: E731  (the reference runs in float64)
-    n = lambda t: f64(norm(t))  # noqa: E731
-    post = n(x64 + f(x64))
-    pre = x64 + f(n(x64))
-    expected = pre if norm_first else post
+def _residual_inputs(v: View) -> tuple:
+    """(x, f, norm, norm_first) in float64, as :data:`_RESIDUAL_MISTAKES` take them."""
+    x, sublayer, norm = v.args
+    return v.x[0], lambda t: f64(sublayer(t)), lambda t: f64(norm(t)), v.kwargs["norm_first"]
 
-    def diagnosis() -> str | None:
-        if close_f64(output, expected):
-            return None
-        return diagnose(_RESIDUAL_MISTAKES, output, x64, f, n, norm_first, matches=close_f64)
 
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: finite_problem(output, "your output"),
-        diagnosis,
-        lambda: close_problem(output, expected, "your output",
-                              "x + f(norm(x))" if norm_first else "norm(x + f(x))", atol=1e-4, rtol=1e-3),
-    )
+def _residual_reference(v: View) -> torch.Tensor:
+    x, f, n, norm_first = _residual_inputs(v)
+    return x + f(n(x)) if norm_first else n(x + f(x))
+
+
+_RESIDUAL = Check(
+    reference=_residual_reference,
+    outputs=(Out("output", lambda v: "x + f(norm(x))" if v.kwargs["norm_first"] else "norm(x + f(x))", atol=1e-4,
+                 rtol=1e-3),),
+    mistakes=mistakes_on(_RESIDUAL_MISTAKES, _residual_inputs),
+    matches=close_f64,
+)
 
 
 # --- part 4: AddAndNorm ------------------------------------------------------------------------------
@@ -377,6 +362,7 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex08",
     title="LayerNorm, dropout and residual connections",
+    chapters=("08_layernorm_dropout_residuals",),
     preamble=PREAMBLE,
     parts=(
         Part(
@@ -388,7 +374,7 @@ EXERCISE = Exercise(
                  "of the variance plus eps, with eps inside the root, then scale by weight and shift by bias. A "
                  "constant row has variance 0, and eps keeps the division finite.",
             make_cases=_layer_norm_cases,
-            verify=_verify_layer_norm,
+            verify=_LAYER_NORM,
         ),
         Part(
             name="dropout",
@@ -409,7 +395,7 @@ EXERCISE = Exercise(
                  "first, then normalise the sum. Pre-norm (norm_first=True): normalise only what goes into the "
                  "sub-layer, and add the sub-layer's output to the raw, unnormalised x.",
             make_cases=_residual_cases,
-            verify=_verify_residual,
+            verify=_RESIDUAL,
         ),
         Part(
             name="add_and_norm",

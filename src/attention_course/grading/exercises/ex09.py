@@ -414,6 +414,8 @@ def _verify_head(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex09",
     title="The encoder",
+    chapters=("09_the_encoder",),
+    allowed={"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -26,6 +26,8 @@ from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnos
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
+_MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
+
 PREAMBLE = preamble(library=True)
 
 
@@ -461,6 +463,8 @@ def _verify_greedy(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex10",
     title="The decoder and the full Transformer",
+    chapters=("10_decoder_and_transformer",),
+    allowed={"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},  # the masks of chapter 05
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -442,6 +442,7 @@ def _verify_tiled(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex11",
     title="Making attention fast",
+    chapters=("11_efficient_attention", "11b_tiled_attention"),
     preamble=PREAMBLE,
     parts=(
         Part(

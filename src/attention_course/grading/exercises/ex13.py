@@ -459,6 +459,7 @@ def _run_rms_norm(obj: Any, case: Case) -> Any:
 EXERCISE = Exercise(
     id="ex13",
     title="Decoder-only language models",
+    chapters=("13_decoder_only_language_models", "13b_modern_block_and_checkpoints"),
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -388,6 +388,7 @@ def _verify_conversion(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex14",
     title="Positions for long contexts",
+    chapters=("14_positions_for_long_contexts",),
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -253,6 +253,7 @@ def _verify_tile(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex15",
     title="Attention at inference scale",
+    chapters=("15_attention_at_inference_scale",),
     preamble=PREAMBLE,
     parts=(
         Part(

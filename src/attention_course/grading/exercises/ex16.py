@@ -252,6 +252,7 @@ def _verify_ablation(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex16",
     title="What heads learn",
+    chapters=("16_what_heads_learn",),
     preamble=PREAMBLE,
     parts=(
         Part(

@@ -255,6 +255,7 @@ def _verify_intensity(case: Case, output: Any) -> str | None:
 EXERCISE = Exercise(
     id="ex17",
     title="Serving attention",
+    chapters=("17_serving_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
