@@ -53,9 +53,9 @@ class Out:
     """One tensor of a part's output, named as the learner reads it (``"weights"`` -> "your weights").
 
     Attributes:
-        name: the tensor's name in messages and in :attr:`View.got` / :attr:`View.want`.
+        name: the tensor's name in messages and in ``View.got`` / ``View.want``.
         reference: how the expected value is described ("softmax(Q Kᵀ / sqrt(d_k))"), or a function of the
-            view (it may read :attr:`View.label`, set by the reference); ``""``: the tensor is checked for
+            view (it may read ``View.label``, set by the reference); ``""``: the tensor is checked for
             structure and finiteness only (properties and ``after`` steps judge its values).
         atol: absolute tolerance, or a function of the :class:`View` (a tolerance that grows with the scores).
         rtol: relative tolerance.
@@ -144,7 +144,7 @@ class Check:
     The steps run in this order, and the first message wins (later steps may assume earlier ones held):
 
     1. ``raises`` (optional): ``view -> (numbers, why)`` for a case that must raise a ValueError whose message
-       names the numbers (run the part with :func:`~attention_course.grading.spec.call_expecting_error`);
+       names the numbers (run the part with ``spec.call_expecting_error``);
     2. ``unpack`` (optional): ``view -> message or None``; may replace ``view.output`` and set ``view.extra``
        (a ``run`` that returns more than the function's output, e.g. the output on permuted inputs);
     3. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
@@ -156,7 +156,7 @@ class Check:
        :class:`~attention_course.grading.spec.Mistake`'s ``variant(view)`` computes that wrong output;
        ``on`` names the output it is compared with, default the first);
     8. ``explain``: steps that say more precisely what is wrong (which head holds which features), typed
-       :attr:`~attention_course.grading.findings.FailureKind.MISMATCH` unless they say otherwise;
+       ``FailureKind.MISMATCH`` unless they say otherwise;
     9. closeness of each output with a ``reference`` description, in the order ``compare`` names (default:
        the order of ``outputs``; finiteness and mistakes are checked in that order too);
     10. ``after``: the remaining steps (invariances that need a right output first).

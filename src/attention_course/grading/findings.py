@@ -4,7 +4,7 @@ The message is for the learner ("row 2 of your weights sums to 0.73"); the kind 
 counts, sorts and reports failures (the class summary's most common reasons, the grader's JSON, tests that
 a mutant fails for the reason it should). A check returns a :class:`Finding`: a ``str`` (so every place that
 reads a message keeps working) that also carries its kind. A plain ``str`` from free-form verify code reads
-as :attr:`FailureKind.OTHER`.
+as ``FailureKind.OTHER``.
 """
 
 from __future__ import annotations
@@ -63,5 +63,5 @@ def finding(message: str | None, kind: FailureKind) -> Finding | None:
 
 
 def kind_of(message: Any) -> FailureKind:
-    """The kind a message carries; :attr:`FailureKind.OTHER` for a plain string."""
+    """The kind a message carries; ``FailureKind.OTHER`` for a plain string."""
     return message.kind if isinstance(message, Finding) else FailureKind.OTHER

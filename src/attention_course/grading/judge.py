@@ -199,6 +199,6 @@ def judge_part(part: Part, cases: Sequence[Case], outcomes: Sequence[Any]) -> Pa
 
 def failed_part(part: Part, message: str, status: str = FAILED, kind: FailureKind | None = None) -> PartVerdict:
     """A part that could not be judged case by case (missing cell or function, timeout, crash); ``kind`` says
-    why (default: the message's own kind, :attr:`~attention_course.grading.findings.FailureKind.OTHER` for a plain
+    why (default: the message's own kind, ``FailureKind.OTHER`` for a plain
     string)."""
     return PartVerdict(part.name, part.points, status, message, kind=kind or kind_of(message))

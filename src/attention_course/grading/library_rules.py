@@ -42,8 +42,9 @@ __all__ = ["ALLOWED", "MAGIC_BODY_LIMIT", "allowed_names", "part_table", "broken
            "hide_library", "library_aliases",
            "library_problem", "rule_text"]
 
-#: Course-library allowances for exercises that do not declare their own: each exercise's registered unit
-#: (its :class:`~attention_course.grading.spec.Exercise`'s ``allowed``) is where the course's parts say theirs.
+#: The course-library allowances of exercises that declare none of their own. Each exercise's registered
+#: unit (its :class:`~attention_course.grading.spec.Exercise`'s ``allowed``) is where the course's parts say
+#: theirs, so this table is empty.
 ALLOWED: dict[str, dict[str, frozenset[str]]] = {}
 
 _PACKAGE = "attention_course"
