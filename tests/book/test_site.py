@@ -143,26 +143,16 @@ def test_runtime_tables_list_every_notebook():
     assert table is not None, "the Runtimes page does not show the kernel CPU times"
 
 
-# Known overruns, reported rather than hidden. When chapter 13's byte-level BPE (512 tokens), chapter 15's
-# grouped-query experiment with models that beat the bigram baseline, and chapters 13b, 16 and 17 landed
-# together (2026-11-26), the book took 710 s of kernel CPU against its 660 s budget on an idle two-core machine
-# (one thread per kernel), and chapters 13 (86.6 s) and 15 (85.6 s) came within 5% of their 90 s budget
-# (100-114 s and 96-97 s on a loaded machine). Every cut tried so far cost a claim its margin. Until the
-# lessons are made cheaper, these checks run, print the measured times, and may fail without failing the
-# build; any other lesson over its budget fails it.
-OVER_BUDGET = {
-    "chapters/13_decoder_only_language_models": "chapter 13 within 5% of its 90 s budget (86.6 s idle, 114 s loaded)",
-    "chapters/15_attention_at_inference_scale": "chapter 15 within 5% of its 90 s budget (85.6 s idle, 97 s loaded)",
-}
-BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26: 710 s on an idle two-core machine"
+# Known overruns, reported rather than hidden. When chapters 13b, 16 and 17 landed beside chapter 13's byte-level
+# BPE and chapter 15's grouped-query experiment (2026-11-26), the book took 710 s of kernel CPU against its 660 s
+# budget on an idle two-core machine (one thread per kernel). A LayerNorm computed by two means and fused Adam on
+# the CPU (2026-11-27) brought a fresh build to 695 s on a loaded machine, with chapters 13 and 15 at 76 s each
+# (89-95 s before); no lesson is over its 90 s budget now. Until the book is cheaper, the whole-book check runs,
+# prints the measured times and may fail without failing the build; any lesson over its budget fails it.
+BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26: 695 s in a fresh build on a loaded machine"
 
 
-def _budget_params():
-    return [pytest.param(entry, marks=pytest.mark.xfail(reason=OVER_BUDGET[entry], strict=False))
-            if entry in OVER_BUDGET else entry for entry in notebook_entries()]
-
-
-@pytest.mark.parametrize("entry", _budget_params())
+@pytest.mark.parametrize("entry", notebook_entries())
 def test_each_notebook_runs_within_its_budget(entry):
     """Judged on the kernel's CPU time, which a busy machine does not inflate; the wall time is reported."""
     timing = cpu_times()[entry]
