@@ -65,7 +65,7 @@ class LayerNorm(nn.Module):
         if dtype in (torch.float16, torch.bfloat16):
             x = x.float()
         # Two means (of x, then of the squared deviations) rather than torch.var_mean: the same biased
-        # variance, and on rows as short as a small model's several times faster on a CPU.
+        # variance, and on rows as short as a small model's up to twice as fast on a CPU (forward and backward).
         centered = x - x.mean(dim=-1, keepdim=True)  # (..., d_model)
         var = (centered * centered).mean(dim=-1, keepdim=True)  # (..., 1)
         x_hat = centered * torch.rsqrt(var + self.eps)
