@@ -146,10 +146,10 @@ def test_runtime_tables_list_every_notebook():
 # Known overruns, reported rather than hidden. When chapters 13b, 16 and 17 landed beside chapter 13's byte-level
 # BPE and chapter 15's grouped-query experiment (2026-11-26), the book took 710 s of kernel CPU against its 660 s
 # budget on an idle two-core machine (one thread per kernel). A LayerNorm computed by two means and fused Adam on
-# the CPU (2026-11-27) brought a fresh build to 695 s on a loaded machine, with chapters 13 and 15 at 76 s each
+# the CPU (2026-11-27) brought two fresh builds to 695 s and 724 s, with chapters 13 and 15 at 76-78 s each
 # (89-95 s before); no lesson is over its 90 s budget now. Until the book is cheaper, the whole-book check runs,
 # prints the measured times and may fail without failing the build; any lesson over its budget fails it.
-BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26: 695 s in a fresh build on a loaded machine"
+BOOK_OVER_BUDGET = "the book over its 660 s budget since 2026-11-26: 695 s and 724 s in two fresh builds (2026-11-27)"
 
 
 @pytest.mark.parametrize("entry", notebook_entries())
