@@ -111,6 +111,15 @@ def _float64(value: Any) -> Any:
     return f64(value) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
+def _first_problem(steps: Sequence[Step], view: View, kind: FailureKind) -> Finding | None:
+    """The first message any of ``steps`` gives for ``view``, typed as ``kind`` (None: every step passed)."""
+    for step in steps:
+        problem = step(view)
+        if problem:
+            return finding(problem, kind)
+    return None
+
+
 def distribution(name: str = "weights", skip: Callable[[View], torch.Tensor | None] | None = None) -> Step:
     """The property of attention weights: no negative entry, and every row sums to one (except the rows
     ``skip`` marks, e.g. fully masked rows)."""
@@ -188,24 +197,21 @@ class Check:
         expected = expected if isinstance(expected, tuple) else (expected,)
         for out, want in zip(self.outputs, expected):
             setattr(view.want, out.name, want)
-        for step in self.before:
-            problem = step(view)
-            if problem:
-                return finding(problem, FailureKind.SHAPE)
+        problem = _first_problem(self.before, view, FailureKind.SHAPE)
+        if problem:
+            return problem
         problem = self._structure(view)
         if problem:
             return problem
-        for step in self.properties:
-            problem = step(view)
-            if problem:
-                return finding(problem, FailureKind.PROPERTY)
+        problem = _first_problem(self.properties, view, FailureKind.PROPERTY)
+        if problem:
+            return problem
         problem = self._mistake(view)
         if problem:
             return problem
-        for step in self.explain:
-            problem = step(view)
-            if problem:
-                return finding(problem, FailureKind.MISMATCH)
+        problem = _first_problem(self.explain, view, FailureKind.MISMATCH)
+        if problem:
+            return problem
         for out in self._in_order():
             if out.reference:  # not matched by a known mistake: the plain difference
                 atol = out.atol(view) if callable(out.atol) else out.atol
