@@ -4,6 +4,7 @@ simulated learner, and every verdict carries a typed failure kind apart from its
 from __future__ import annotations
 
 import io
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from attention_course.grading.findings import FailureKind, Finding, kind_of
 from attention_course.grading.judge import judge_case, judge_part
 from attention_course.grading.library_rules import part_table
 from attention_course.grading.report import failure_kinds
-from attention_course.grading.spec import Case, Mistake, Part, inputs_changed_message
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, inputs_changed_message, with_texts
 from tests.grading.learners import LEARNERS
 from tests.grading.mutants import MUTANTS
 
@@ -60,7 +61,57 @@ def test_every_exercise_names_its_chapters_allowances_and_hints(exercise_id):
     assert part_table(exercise_id) == {part: frozenset(names) for part, names in exercise.allowed.items()}
     for names in exercise.allowed.values():
         assert names and all(hasattr(ac, name) for name in names)
-    assert all(part.hints for part in exercise.parts)
+    assert exercise.title and all(len(part.hints) == 2 and part.summary for part in exercise.parts)
+
+
+def _texts_file(tmp_path, body: str) -> Path:
+    path = tmp_path / "exNN.toml"
+    path.write_text(body)
+    return path
+
+
+def _part(name: str) -> Part:
+    return Part(name=name, make_cases=lambda g: [Case("c", (torch.zeros(1),))], verify=lambda case, output: None)
+
+
+_TWO_PARTS = Exercise(id="exNN", preamble="", parts=(_part("first"), _part("second")))
+_GOOD = """title = "Two parts"
+[parts.first]
+summary = "the first"
+concept = '''
+a concept wrapped
+over two lines
+'''
+approach = "an approach"
+[parts.second]
+summary = "the second"
+concept = "c"
+approach = "a"
+"""
+
+
+def test_texts_come_from_the_exercises_file_with_its_wrapping_folded(tmp_path):
+    exercise = with_texts(_TWO_PARTS, _texts_file(tmp_path, _GOOD))
+    assert exercise.title == "Two parts"
+    assert exercise.part("first").hints == ("a concept wrapped over two lines", "an approach")
+    assert exercise.part("second").summary == "the second"
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda text: text.replace('approach = "a"\n', ""), "[parts.second] must hold exactly"),
+    (lambda text: text + '[parts.third]\nsummary = "s"\n', "no parts ['third']"),
+    (lambda text: text.replace('summary = "the first"', 'summary = "  "'), "first.summary must be a non-empty"),
+    (lambda text: text.replace("[parts.second]", "[parts.second]\nhint = 'x'"), "got ['approach', 'concept', 'hint'"),
+    (lambda text: "author = 'me'\n" + text, "unknown top-level keys ['author']"),
+])
+def test_a_texts_file_that_does_not_fit_its_exercise_is_refused(tmp_path, change, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        with_texts(_TWO_PARTS, _texts_file(tmp_path, change(_GOOD)))
+
+
+def test_every_exercise_has_its_texts_file_and_no_other_is_left():
+    folder = ROOT / "src" / "attention_course" / "grading" / "exercises"
+    assert sorted(path.stem for path in folder.glob("*.toml")) == exercise_ids()
 
 
 def test_library_allowances_live_in_the_exercises():

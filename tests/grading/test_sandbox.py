@@ -293,3 +293,30 @@ def test_a_course_installed_under_tmp_is_visible_in_the_sandbox(monkeypatch):
         assert command.index("--tmpfs") < command.index(str(installed)), "the private /tmp would hide the bind"
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout == "visible", result.stderr
+
+
+def test_a_dead_graders_sandbox_folders_are_swept_and_live_ones_kept(tmp_path):
+    """A notebook kernel that Jupyter shuts down never runs its atexit: its sandbox folders stay in /tmp
+    until the next grader or check sweeps them."""
+    import os
+    import time
+
+    from attention_course.grading.launcher import sweep_leftovers
+
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead_pid = int(finished.stdout)
+    old = time.time() - 3600
+    folders = {name: tmp_path / f"attention-course-grading-{pid}-{name}"
+               for name, pid in (("dead", dead_pid), ("live", os.getpid()), ("fresh", dead_pid))}
+    for name, folder in folders.items():
+        folder.mkdir()
+        (folder / "output.log").write_text("")
+        if name != "fresh":
+            os.utime(folder, (old, old))
+    unrelated = tmp_path / "attention-course-grading-notes"
+    unrelated.mkdir()
+    os.utime(unrelated, (old, old))
+    assert sweep_leftovers(tmp_path) == [folders["dead"]]
+    assert not folders["dead"].exists()
+    assert folders["live"].exists() and folders["fresh"].exists() and unrelated.exists()

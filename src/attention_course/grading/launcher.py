@@ -118,6 +118,40 @@ def _gone(pid: int) -> bool:
         return True
 
 
+_PREFIX = "attention-course-grading-"
+_swept = False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def sweep_leftovers(folder: Path | None = None) -> list[Path]:
+    """Remove the sandbox folders (``attention-course-grading-<pid>-*``, ours only) whose grader or kernel
+    has died without cleaning up: a notebook kernel that Jupyter shut down, or a grader killed by a signal,
+    never runs its ``atexit``. A folder of a process still alive is kept, and so is one changed in the last
+    minute (a grader in another PID namespace sharing this folder). Returns what was removed."""
+    removed = []
+    for path in Path(folder or tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        pid = path.name[len(_PREFIX):].split("-", 1)[0]
+        try:
+            info = path.stat()
+            if (not pid.isdigit() or info.st_uid != os.geteuid() or time.time() - info.st_mtime < 60
+                    or _alive(int(pid))):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 class Sandbox:
     """One worker process in a fresh sandbox, started before its job is known (see the module docstring).
 
@@ -128,10 +162,15 @@ class Sandbox:
     """
 
     def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
+        global _swept
+        if not _swept:
+            _swept = True
+            sweep_leftovers()
         self.isolated = isolated
         self.started = time.monotonic()
-        # 0700, outside the sandbox; named after the grader's pid so that a test can tell its own apart
-        self.dir = Path(tempfile.mkdtemp(prefix=f"attention-course-grading-{os.getpid()}-"))
+        # 0700, outside the sandbox; named after the grader's pid so that a test can tell its own apart (and
+        # sweep_leftovers a dead grader's)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self.log = self.dir / OUTPUT_LOG
         self._uid = _uids.take() if isolated and os.geteuid() == 0 else None
         self._killed = False

@@ -25,8 +25,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +36,7 @@ import torch
 from attention_course.grading.findings import FailureKind, Finding
 
 __all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
-           "preamble", "randn", "with_concepts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
+           "preamble", "randn", "with_texts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -432,7 +434,6 @@ class Exercise:
     Attributes:
         id: the exercise id used in ``exercise("ex02")`` and in the notebook's metadata
             (``metadata.grading.exercise``).
-        title: the notebook's title.
         preamble: Python source the grader runs before the learner's graded cells: the imports the graded
             code may rely on. The notebook's cell tagged ``preamble`` must hold exactly this source (a test
             checks it), so the notebook and the grader agree; the grader never runs the learner's copy.
@@ -440,14 +441,15 @@ class Exercise:
         chapters: the chapters (notebook stems in ``chapters/``) whose ideas the exercise practises.
         allowed: part -> the course-library names that part may use (the library rule,
             :mod:`attention_course.grading.library_rules`); a part not listed may use none.
+        title: the notebook's title (read with the parts' texts by :func:`with_texts`).
     """
 
     id: str
-    title: str
     preamble: str
     parts: tuple[Part, ...]
     chapters: tuple[str, ...] = ()
     allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    title: str = ""
 
     def __post_init__(self) -> None:
         names = [part.name for part in self.parts]
@@ -487,16 +489,59 @@ def call_expecting_error(obj: Any, case: Case) -> Any:
     return {"returned": returned}
 
 
-def with_concepts(exercise: Exercise, concepts: dict[str, str]) -> Exercise:
-    """``exercise`` with a first-tier (concept) hint put before each named part's existing hint, which
-    becomes the second tier (approach): ``check.hint(part)`` then ``check.hint(part, 2)``.
+#: The hint tiers of a part in an exercise's text file, first to last.
+HINT_TIERS = ("concept", "approach")
+_PART_KEYS = frozenset({"summary", *HINT_TIERS})
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10 (a dependency there)
+        import tomli as tomllib
+    with path.open("rb") as file:
+        return tomllib.load(file)
+
+
+def _prose(text: Any, where: str) -> str:
+    """A text from the file as one paragraph: line breaks inside it are only the file's wrapping."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where} must be a non-empty string")
+    return " ".join(text.split())
+
+
+def with_texts(exercise: Exercise, path: Path | None = None) -> Exercise:
+    """``exercise`` with what learners read taken from ``exercises/<id>.toml`` beside its module: the
+    title, and for every part its ``summary`` and its hint tiers ``concept`` (``check.hint(part)``) and
+    ``approach`` (``check.hint(part, 2)``). Instructors edit the wording there without touching a check.
 
     Raises:
-        ValueError: a name that is not a part of the exercise.
+        ValueError: the file is missing, names a part the exercise lacks or a key it does not know, or
+            leaves a part without its summary or a hint tier.
     """
-    unknown = set(concepts) - {part.name for part in exercise.parts}
+    path = path or Path(__file__).parent / "exercises" / f"{exercise.id}.toml"
+    if not path.is_file():
+        raise ValueError(f"exercise {exercise.id!r} has no text file {path.name} beside its module")
+    data = _read_toml(path)
+    where = path.name
+    unknown = set(data) - {"title", "parts"}
     if unknown:
-        raise ValueError(f"{exercise.id} has no parts {sorted(unknown)}")
-    parts = tuple(dataclasses.replace(part, hint=(concepts[part.name], *part.hints)) if part.name in concepts
-                  else part for part in exercise.parts)
-    return dataclasses.replace(exercise, parts=parts)
+        raise ValueError(f"{where}: unknown top-level keys {sorted(unknown)}; expected 'title' and [parts.<name>]")
+    texts = data.get("parts", {})
+    names = [part.name for part in exercise.parts]
+    extra = set(texts) - set(names)
+    if extra:
+        raise ValueError(f"{where}: no parts {sorted(extra)} in exercise {exercise.id!r} (its parts: {names})")
+    parts = []
+    for part in exercise.parts:
+        text = texts.get(part.name)
+        if not isinstance(text, dict):
+            raise ValueError(f"{where}: part {part.name!r} has no [parts.{part.name}] table")
+        wrong = set(text) - _PART_KEYS
+        if wrong or set(text) != _PART_KEYS:
+            raise ValueError(f"{where}: [parts.{part.name}] must hold exactly {sorted(_PART_KEYS)}, "
+                             f"got {sorted(text)}")
+        hints = tuple(_prose(text[tier], f"{where}: {part.name}.{tier}") for tier in HINT_TIERS)
+        parts.append(dataclasses.replace(part, summary=_prose(text["summary"], f"{where}: {part.name}.summary"),
+                                         hint=hints))
+    return dataclasses.replace(exercise, title=_prose(data.get("title"), f"{where}: title"), parts=tuple(parts))

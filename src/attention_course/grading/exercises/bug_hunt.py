@@ -27,7 +27,7 @@ from attention_course.grading.compare import (
 )
 from attention_course.grading.declare import Check, Out, View, distribution
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble(nn=True)
 
@@ -363,13 +363,12 @@ _CAUSAL = Check(
 
 def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
     # All or nothing: the buggy starting code already passes the cases its bug does not touch.
-    return Part(name=name, points=1, summary=summary, hint=hint, make_cases=make_cases, verify=verify, run=run,
+    return Part(name=name, points=1, make_cases=make_cases, verify=verify, run=run,
                 all_or_nothing=True)
 
 
 EXERCISE = Exercise(
     id="bug_hunt",
-    title="Bug hunt: attention bugs that tutorials shipped",
     chapters=("05_scaling_and_masking", "06_multi_head_attention", "08_layernorm_dropout_residuals"),
     preamble=PREAMBLE,
     parts=(
@@ -422,36 +421,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'multi_head_cross_attention': (
-        "In cross-attention the keys and values have the source's length, which need not equal the query "
-        'length.'
-    ),
-    'multi_head_weights': (
-        'Each head must compare its own queries with its own keys: check which axes an einsum or permute '
-        'really sees.'
-    ),
-    'multi_head_self_attention': (
-        'The scaling factor uses the size of the vectors whose dot products are taken.'
-    ),
-    'masked_attention': (
-        'Think about a query whose every key is blocked: what do the scores and the softmax become?'
-    ),
-    'attention_with_loops': (
-        'Output i is a weighted sum over the keys j: which index belongs inside the sum?'
-    ),
-    'layer_norm': (
-        'Compare the statistic and the place of eps with what nn.LayerNorm computes.'
-    ),
-    'dropout': (
-        'Dropout during training must not change the expected value of the activations.'
-    ),
-    'attention_sublayer': (
-        "A residual connection adds the sub-layer's input; watch for a name that is reused for something "
-        'else.'
-    ),
-    'causal_self_attention': (
-        'Which keys may position i see in a decoder, and which side of the diagonal does the mask keep?'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: bug_hunt.toml

@@ -34,7 +34,7 @@ from attention_course.grading.spec import (
     permutation,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 
 PREAMBLE = preamble()
@@ -270,48 +270,30 @@ def _verify_equivariance(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex02",
-    title="Hard and soft attention",
     chapters=("02_hard_and_soft_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="hard_attention_weights",
             points=1,
-            summary="one-hot weights on the highest score of each row (argmax)",
-            hint="Find, in each row, the position of the highest score (PyTorch's argmax picks the first one when "
-                 "several tie), turn those positions into one-hot rows as long as the score rows (F.one_hot does "
-                 "that), and give the result the same floating-point dtype as the scores: one_hot returns integers.",
             make_cases=_hard_cases,
             verify=_verify_hard,
         ),
         Part(
             name="soft_attention_weights",
             points=2,
-            summary="softmax(beta * scores) over the last dimension, stable for large scores",
-            hint="exp(beta * s_j) / sum_k exp(beta * s_k) does not change when you subtract the same number from "
-                 "every beta * s_j. Subtract the row maximum (keepdim=True) first: the largest exponent is then "
-                 "exp(0) = 1, so nothing overflows and the denominator is at least 1.",
             make_cases=_soft_cases,
             verify=_SOFT,
         ),
         Part(
             name="attention_pooling",
             points=1,
-            summary="h = a X for each row a of the weights: weights @ X",
-            hint="With one token per row of X, the pooled vector for weights a is sum_i a_i x_i, which is the "
-                 "row vector a @ X. Stacking one weight row per query gives weights @ X; torch.matmul handles "
-                 "the leading batch dimensions.",
             make_cases=_pooling_cases,
             verify=_POOLING,
         ),
         Part(
             name="self_attention_no_projections",
             points=2,
-            summary="scores X Xᵀ, weights softmax(beta * scores), output weights @ X",
-            hint="Every token is compared with every token: the scores are the matrix product of X with its own "
-                 "transpose over the last two dimensions, one (t, t) matrix per batch, row i for token i. Scale them "
-                 "by beta, turn each row into weights with your soft_attention_weights (a softmax over the keys, the "
-                 "last dimension), then pool with your attention_pooling.",
             make_cases=_self_attention_cases,
             verify=_SELF_ATTENTION,
             run=_run_self_attention,
@@ -319,36 +301,10 @@ EXERCISE = Exercise(
         Part(
             name="equivariance_gap",
             points=2,
-            summary="the largest |f(X[perm]) - f(X)[perm]|: zero when f is permutation equivariant",
-            hint="Indexing X's rows with perm reorders the tokens. Run f on the reordered input, and separately "
-                 "reorder the rows of f's output on the original input with the same permutation; equivariance says "
-                 "the two agree. Report the largest absolute difference between them as a Python float.",
             make_cases=_equivariance_cases,
             verify=_verify_equivariance,
         ),
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'hard_attention_weights': (
-        'Hard attention gives all of its weight to one key: the best-scoring one in each row (the first one '
-        'when several tie), and none to the others.'
-    ),
-    'soft_attention_weights': (
-        'Softmax turns a row of scores into positive weights that sum to one; beta sharpens (large) or '
-        'flattens (small) them. Exponentials of large numbers overflow, but softmax does not change when the '
-        'same number is subtracted from a whole row.'
-    ),
-    'attention_pooling': (
-        'Attention pooling is a weighted average of the tokens: each row of weights mixes the rows of X.'
-    ),
-    'self_attention_no_projections': (
-        'Without projections, every token is its own query, key and value: compare all pairs of tokens, turn '
-        'each row of scores into weights, and pool the tokens with them. Reuse your earlier parts.'
-    ),
-    'equivariance_gap': (
-        'A function is permutation equivariant when reordering its input reorders its output the same way; '
-        'measure how far f is from that on one permutation.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex02.toml

@@ -22,7 +22,7 @@ from attention_course.additive import AdditiveAttention
 from attention_course.grading.compare import close_problem, f64, fmt, row_name
 from attention_course.grading.declare import Check, Out, View, distribution
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -243,74 +243,34 @@ _LIMIT_CHECK = Check(
 
 EXERCISE = Exercise(
     id="ex03",
-    title="Attention as a soft key-value lookup",
     chapters=("03_key_value_store",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="hard_lookup",
             points=1,
-            summary="the value of the key with the highest dot-product score, for every query",
-            hint="Score every query against every key at once: the product of the queries with the keys transposed on "
-                 "their last two dimensions, one (m, n) table. The argmax over the keys (the last dimension) names "
-                 "each query's best key, the first one on a tie. Return the value rows at those indices, either by "
-                 "gathering along the key dimension or by turning the indices into one-hot weights and multiplying "
-                 "them by the values.",
             make_cases=_hard_cases,
             verify=_HARD,
         ),
         Part(
             name="soft_lookup",
             points=2,
-            summary="weights softmax(beta * query @ keysᵀ) over the keys, output weights @ values",
-            hint="Score every query against every key (queries times the keys transposed on their last two "
-                 "dimensions), multiply by beta and by nothing else (there is no 1/sqrt(d_k) in this exercise), and "
-                 "turn each row into weights with a softmax over the keys, the last dimension. The answer is the "
-                 "weights times the values, returned together with the weights.",
             make_cases=_soft_cases,
             verify=_SOFT,
         ),
         Part(
             name="additive_scores",
             points=2,
-            summary="wᵀ tanh(q W_q + k W_k) for every (query, key) pair",
-            hint="Project first: query @ W_q is (..., m, a) and keys @ W_k is (..., n, a). Add them for every pair by "
-                 "broadcasting: insert a key axis into the queries (unsqueeze(-2) -> (..., m, 1, a)) and a query axis "
-                 "into the keys (unsqueeze(-3) -> (..., 1, n, a)). Then tanh, then multiply by w: "
-                 "hidden @ w gives (..., m, n).",
             make_cases=_additive_cases,
             verify=_ADDITIVE,
         ),
         Part(
             name="limit_lookup",
             points=2,
-            summary="the soft lookup as beta -> infinity: tied best keys share the weight equally",
-            hint="As beta grows, softmax(beta * s) puts all its weight on the keys whose score equals the row "
-                 "maximum, and equally on each of them when several are tied. Find each row's maximum (keep its "
-                 "dimension so it broadcasts), mark the keys that reach it, turn the marks into floats and divide "
-                 "each row by how many keys it marked. The output is those weights times the values.",
             make_cases=_limit_cases,
             verify=_LIMIT_CHECK,
         ),
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'hard_lookup': (
-        'A hard lookup is a dictionary with fuzzy keys: each query takes the value of the one key it matches '
-        'best.'
-    ),
-    'soft_lookup': (
-        'A soft lookup returns a blend of all values, weighted by how well each key matches the query (a '
-        'softmax of the scores).'
-    ),
-    'additive_scores': (
-        'Additive attention scores a (query, key) pair with a small network: project both into one space, '
-        'add, squash with tanh, and read out one number.'
-    ),
-    'limit_lookup': (
-        'As beta grows, the softmax concentrates on the best keys; in the limit, keys tied for the best score'
-        ' share the weight equally and the rest get none.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex03.toml

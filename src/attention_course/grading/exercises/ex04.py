@@ -29,7 +29,7 @@ from attention_course.grading.spec import (
     permutation,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 
 PREAMBLE = preamble()
@@ -311,18 +311,12 @@ _CROSS = Check(
 
 EXERCISE = Exercise(
     id="ex04",
-    title="Queries, keys and values",
     chapters=("04_queries_keys_values",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="project_qkv",
             points=1,
-            summary="Q = X W_Q, K = X W_K, V = X W_V, with a ValueError when the sizes do not fit",
-            hint=('With one token per row, each projection multiplies X on the right by its weight matrix (batch '
-                'dimensions come along for free). Before multiplying, compare the number of features of X with '
-                'the number of rows of each weight matrix, and the number of columns of W_Q with that of W_K; '
-                'raise a ValueError whose message contains both numbers.'),
             make_cases=_projection_cases,
             verify=_PROJECTION,
             run=call_expecting_error,
@@ -330,41 +324,24 @@ EXERCISE = Exercise(
         Part(
             name="split_fused_projection",
             points=1,
-            summary="one product X @ W_qkv, split into Q, K (d_k columns each) and V (the rest)",
-            hint=('Do one matrix product with the fused weights, then cut the last dimension into three pieces of '
-                'widths d_k, d_k and whatever is left (that is d_v); a split into three equal chunks only works '
-                'when d_v happens to equal d_k.'),
             make_cases=_fused_cases,
             verify=_FUSED,
         ),
         Part(
             name="attend_one_query",
             points=2,
-            summary="scores K q / sqrt(d_k), softmax over the keys, output sum_j a_j v_j",
-            hint="One score per key: the dot product of the query with each row of K, a vector of length L, divided "
-                 "by the square root of the query's length d_k. A softmax over those L scores gives the weights, and "
-                 "the output is the weighted sum of the rows of V: the values of the keys, v_j, not the query's own "
-                 "value.",
             make_cases=_one_query_cases,
             verify=_ONE_QUERY,
         ),
         Part(
             name="attention_matrix_form",
             points=2,
-            summary="softmax(Q Kᵀ / sqrt(d_k)) V for all queries at once, any leading batch dimensions",
-            hint=('Multiply the queries by the transposed keys, swapping only the last two dimensions (a full '
-                'transpose reverses the batch dimensions too), and divide by the square root of d_k: one row per '
-                'query. Take the softmax along the keys, then multiply the weights by V.'),
             make_cases=_matrix_cases,
             verify=_MATRIX,
         ),
         Part(
             name="cross_attention",
             points=2,
-            summary="queries from X_q, keys and values from X_kv; output (..., Lq, d_v), weights (..., Lq, Lk)",
-            hint="Project the queries from X_q (X_q @ W_Q) and the keys and values from X_kv (X_kv @ W_K, "
-                 "X_kv @ W_V), then reuse attention_matrix_form. There is one output per query, so the output "
-                 "has the length of X_q, whatever the length of X_kv.",
             make_cases=_cross_cases,
             verify=_CROSS,
             run=_run_cross,
@@ -372,26 +349,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'project_qkv': (
-        'Queries, keys and values are three learned linear views of the same tokens; queries and keys must '
-        'live in the same space so that they can be compared.'
-    ),
-    'split_fused_projection': (
-        'Three projections of the same input can be done as one wider matrix product whose columns are then '
-        'cut into the three parts.'
-    ),
-    'attend_one_query': (
-        'One query scores every key, the scores (scaled so that their size does not grow with d_k) become '
-        'weights, and the output is the weighted sum of the values.'
-    ),
-    'attention_matrix_form': (
-        'Stack all queries as rows and the per-query computation becomes matrix products: one score per '
-        '(query, key) pair, a softmax along the keys, and a product with the values.'
-    ),
-    'cross_attention': (
-        'In cross-attention the queries come from one sequence and the keys and values from another; the '
-        'output has one row per query.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex04.toml

@@ -29,7 +29,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -416,40 +416,24 @@ def _verify_decoder(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex05",
-    title="Scaling and masking",
     chapters=("05_scaling_and_masking",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="scaled_scores",
             points=1,
-            summary="Q Kᵀ / sqrt(d_k): one row per query, one column per key, variance about 1",
-            hint="Multiply the queries by the keys transposed on their last two dimensions: the result has shape "
-                 "(..., Lq, Lk), one score per query and key. Then divide by the square root of d_k, the length of "
-                 "one query vector (the size of the last dimension). Dividing by d_k itself shrinks the scores too "
-                 "much.",
             make_cases=_scores_cases,
             verify=_verify_scores,
         ),
         Part(
             name="masked_softmax",
             points=2,
-            summary="softmax over the allowed keys only; a row with no allowed key gets zeros, never NaN",
-            hint="Where the mask is False, replace the score by the most negative number the scores' dtype can hold "
-                 "(torch.finfo gives it; -inf would turn a fully blocked row into NaN), then take the softmax over "
-                 "the keys, the last dimension. Finally set to zero every row in which the mask allows no key at all: "
-                 "ask the mask whether any key of the row is allowed, keeping the dimension so the answer broadcasts "
-                 "over the row.",
             make_cases=_masked_softmax_cases,
             verify=_verify_masked_softmax,
         ),
         Part(
             name="scaled_dot_product_attention",
             points=2,
-            summary="(softmax_masked(Q Kᵀ / sqrt(d_k)) V, weights), finite even for fully masked rows",
-            hint=('Call your part 1 for the scores and your part 2 for the weights (pass the mask through), then '
-                'multiply the weights by V. With your part 2, a fully masked row has zero weights, so its output '
-                'is zero and its gradients are finite.'),
             make_cases=_attention_cases,
             verify=_verify_attention,
             run=_run_attention,
@@ -457,11 +441,6 @@ EXERCISE = Exercise(
         Part(
             name="causal_self_attention",
             points=1,
-            summary="self-attention in which query i sees only keys j <= i; returns (output, weights)",
-            hint="Write a small helper that builds the causal mask for a length L: a square boolean matrix that is "
-                 "True on and below the diagonal (query i may see keys j <= i), which is the lower triangle of a "
-                 "matrix of ones (PyTorch's tril keeps it). Project Q, K, V from X and call your part 3 with that "
-                 "mask; one (L, L) mask broadcasts over the batch.",
             make_cases=_causal_cases,
             verify=_verify_causal,
             run=_run_causal,
@@ -469,10 +448,6 @@ EXERCISE = Exercise(
         Part(
             name="causal_padded_self_attention",
             points=2,
-            summary="self-attention where query i sees keys j <= i that are not padding",
-            hint="The padding mask is token_ids != pad_id, shape (B, L); as keys it must block columns, so give "
-                 "it a query axis: [:, None, :] has shape (B, 1, L). AND it (&) with causal_mask(L) from part 4 "
-                 "to get (B, L, L), project Q, K, V from X, and call your part 3.",
             make_cases=_decoder_cases,
             verify=_verify_decoder,
             run=_run_decoder,
@@ -480,26 +455,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'scaled_scores': (
-        'Dot products of random vectors grow with their length; dividing by the square root of d_k keeps the '
-        "scores' spread about one, so the softmax does not saturate."
-    ),
-    'masked_softmax': (
-        'A mask says which keys a query may use; blocked keys must end with weight zero, and a query with no '
-        'allowed key should get zeros rather than NaN.'
-    ),
-    'scaled_dot_product_attention': (
-        'Scaled dot-product attention is your scaled scores, your masked softmax and a weighted sum of the '
-        'values, in that order.'
-    ),
-    'causal_self_attention': (
-        'In a causal (decoder) self-attention, position i may look at itself and earlier positions only: the '
-        'allowed pairs form a lower triangle.'
-    ),
-    'causal_padded_self_attention': (
-        'Two rules at once: no looking ahead, and no attending to padding tokens; a key is allowed only when '
-        'both rules allow it.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex05.toml

@@ -41,7 +41,7 @@ from attention_course.grading.spec import (
     call_function,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 from attention_course.multihead import MultiHeadAttention
 
@@ -473,18 +473,12 @@ _TORCH = Check(
 
 EXERCISE = Exercise(
     id="ex06",
-    title="Multi-head attention",
     chapters=("06_multi_head_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="split_heads",
             points=1,
-            summary="(B, L, d_model) -> (B, h, L, d_head), head i = features i*d_head..(i+1)*d_head-1",
-            hint="Check first that num_heads divides d_model, and raise a ValueError naming both numbers when it does "
-                 "not. Then view each token's d_model features as num_heads groups of d_model // num_heads (shape (B, "
-                 "L, h, d_head)), and swap the position and head axes so the heads come before the positions: (B, h, "
-                 "L, d_head).",
             make_cases=_split_cases,
             verify=_SPLIT,
             run=call_expecting_error,
@@ -492,22 +486,12 @@ EXERCISE = Exercise(
         Part(
             name="merge_heads",
             points=1,
-            summary="(B, h, L, d_head) -> (B, L, h*d_head): the heads concatenated per token",
-            hint="Undo the split in reverse order: swap the head and position axes back, giving (B, L, h, d_head), "
-                 "then join the last two axes into one of h * d_head features. After swapping axes the tensor is not "
-                 "contiguous, so view refuses it: reshape works (or make it contiguous first).",
             make_cases=_merge_cases,
             verify=_MERGE,
         ),
         Part(
             name="multi_head_attention",
             points=3,
-            summary="project, split, scaled masked attention per head, merge, output projection",
-            hint=('Project the query, key and value inputs with their weights and biases, split each into heads '
-                'with your part 1, and run scaled dot-product attention per head with the square root of d_head '
-                "(not d_model) in the scaling. Fill blocked scores with the dtype's most negative finite number, "
-                'take the softmax over the keys, and zero the rows with no allowed key. Merge the heads with your'
-                ' part 2 and apply the output projection.'),
             make_cases=_forward_cases,
             verify=_FORWARD,
             run=_run_forward,
@@ -515,12 +499,6 @@ EXERCISE = Exercise(
         Part(
             name="params_from_torch",
             points=2,
-            summary="read W_q, b_q, ..., W_o, b_o (row convention) out of an nn.MultiheadAttention",
-            hint="PyTorch stacks the three input projections in one matrix, in_proj_weight of shape (3 * d_model, "
-                 "d_model), in (out, in) layout: cut it into three equal blocks along its first dimension (query, "
-                 "key, value) and transpose each to the course's (in, out) layout; the bias splits the same way. The "
-                 "output projection's weight is transposed too. A module built without biases has None there: return "
-                 "zero vectors of length d_model instead. Detach every tensor from the module.",
             make_cases=_module_cases,
             verify=_verify_params,
             run=_run_params,
@@ -528,11 +506,6 @@ EXERCISE = Exercise(
         Part(
             name="attention_like_torch",
             points=2,
-            summary="module's output and per-head weights, from your functions, with PyTorch's True = blocked masks",
-            hint="Read the weights with your params_from_torch. PyTorch's masks say True = blocked, the course's True "
-                 "= may attend, so negate both. The key-padding mask (B, Lk) needs two new axes, for the heads and "
-                 "the queries, to become (B, 1, 1, Lk); the attention mask (Lq, Lk) already broadcasts. Combine them "
-                 "with a logical and, then call your multi_head_attention with the module's number of heads.",
             make_cases=_torch_cases,
             verify=_TORCH,
             run=_run_torch,
@@ -540,26 +513,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'split_heads': (
-        "Multi-head attention cuts each token's features into h equal groups, one per head, and moves the "
-        'head axis in front of the length axis so that each head attends on its own.'
-    ),
-    'merge_heads': (
-        'Merging undoes splitting: put the head axis back next to the features and lay the heads side by side'
-        ' for each token.'
-    ),
-    'multi_head_attention': (
-        'Each head runs scaled dot-product attention on its own slice of the projected queries, keys and '
-        "values; the heads' outputs are merged and projected once more."
-    ),
-    'params_from_torch': (
-        'PyTorch stores the three input projections stacked in one matrix and uses the column convention '
-        '(out, in); the course uses rows (in, out).'
-    ),
-    'attention_like_torch': (
-        "PyTorch's masks say True = blocked while the course's say True = may attend; convert them, combine "
-        'the padding and attention masks, and reuse your functions.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex06.toml

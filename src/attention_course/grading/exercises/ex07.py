@@ -39,7 +39,7 @@ from attention_course.grading.spec import (
     call_expecting_error,
     diagnose,
     preamble,
-    with_concepts,
+    with_texts,
 )
 from attention_course.positional import sinusoidal_positional_encoding
 
@@ -330,18 +330,12 @@ def _verify_embed(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex07",
-    title="Positional encoding",
     chapters=("07_positional_encoding",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="sinusoidal_encoding",
             points=2,
-            summary="PE(p)[2i] = sin(p / 10000^(2i/d)), PE(p)[2i+1] = cos(...) for a tensor of positions p",
-            hint="Make the positions a column (P, 1) and the pair indices i = 0 .. d_model/2 - 1 a row, so that the "
-                 "angle position * 10000 ** (-2 i / d_model) broadcasts to (P, d/2). The even columns of the encoding "
-                 "get the sine of the angles and the odd columns their cosine. Check that d_model is even first and "
-                 "raise a ValueError naming it otherwise.",
             make_cases=_encoding_cases,
             verify=_verify_encoding,
             run=call_expecting_error,
@@ -349,32 +343,18 @@ EXERCISE = Exercise(
         Part(
             name="offset_similarity",
             points=1,
-            summary="<PE(p), PE(p+k)> = sum_i cos(omega_i k) for a tensor of offsets k",
-            hint="Each pair contributes sin(a)sin(a + t) + cos(a)cos(a + t) = cos(t) with t = omega_i * k, whatever "
-                 "the position a. So the similarity is the sum over the d_model/2 frequencies omega_i = 10000 ** (-2 "
-                 "i / d_model) of the cosine of offset times frequency: give the offsets a trailing axis so they "
-                 "broadcast against the frequencies, then sum over that axis.",
             make_cases=_profile_cases,
             verify=_verify_profile,
         ),
         Part(
             name="shift_by_rotation",
             points=2,
-            summary="rotate every sine/cosine pair of x by omega_i * k: PE(p) becomes PE(p + k)",
-            hint="For pair i let t = k * 10000 ** (-2 * i / d_model) and (a, b) = (x[..., 2i], x[..., 2i+1]); the "
-                 "result is (a cos t + b sin t, -a sin t + b cos t), from sin(u + t) = sin u cos t + cos u sin t and "
-                 "cos(u + t) = cos u cos t - sin u sin t. Work on x[..., 0::2] and x[..., 1::2] at once.",
             make_cases=_rotation_cases,
             verify=_verify_rotation,
         ),
         Part(
             name="embed_with_positions",
             points=2,
-            summary="Dropout(E[tokens] * sqrt(d_model) + PE[:L]), identity dropout in evaluation mode",
-            hint=('Look up the embeddings of the tokens (index the weight matrix with the token ids), scale them by'
-                ' the square root of d_model, add the first L rows of the positional table (they broadcast over '
-                'the batch), then apply functional dropout with the given probability and training flag. Check '
-                'first that L fits the table, naming both numbers in the ValueError.'),
             make_cases=_embed_cases,
             verify=_verify_embed,
             run=call_expecting_error,
@@ -382,22 +362,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'sinusoidal_encoding': (
-        'Each pair of features is a sine and a cosine of the position at its own frequency, from fast to slow'
-        ' along the features.'
-    ),
-    'offset_similarity': (
-        'The dot product of two sinusoidal encodings depends only on the distance between the positions, '
-        'through the cosine of each frequency times that distance.'
-    ),
-    'shift_by_rotation': (
-        'Moving a position by k rotates each (sine, cosine) pair by an angle that depends only on k and the '
-        "pair's frequency: a fixed 2x2 rotation per pair."
-    ),
-    'embed_with_positions': (
-        "The model's input is the token embeddings, scaled up by the square root of d_model, plus the "
-        'positional encodings of the first L positions, then dropout.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex07.toml

@@ -38,7 +38,7 @@ from attention_course.grading.spec import (
     call_function,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 
 PREAMBLE = preamble(nn=True)
@@ -361,28 +361,18 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex08",
-    title="LayerNorm, dropout and residual connections",
     chapters=("08_layernorm_dropout_residuals",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="layer_norm",
             points=2,
-            summary="weight * (x - mean) / sqrt(biased var + eps) + bias over the last dimension",
-            hint="Over the last dimension, keeping it: take each row's mean and its biased variance (divide by H, not "
-                 "H - 1: PyTorch's var does that with correction 0). Subtract the mean and divide by the square root "
-                 "of the variance plus eps, with eps inside the root, then scale by weight and shift by bias. A "
-                 "constant row has variance 0, and eps keeps the division finite.",
             make_cases=_layer_norm_cases,
             verify=_LAYER_NORM,
         ),
         Part(
             name="dropout",
             points=2,
-            summary="inverted dropout: zero each entry with probability p, scale survivors by 1/(1 - p)",
-            hint=('In training, draw one uniform random number per element on every call and keep the elements '
-                'whose draw is at least p; multiply the kept ones by 1 / (1 - p). When not training or when p is '
-                '0, return x unchanged; when p is 1, return zeros (1 / (1 - p) would divide by zero).'),
             make_cases=_dropout_cases,
             verify=_verify_dropout,
             run=_run_dropout,
@@ -390,10 +380,6 @@ EXERCISE = Exercise(
         Part(
             name="residual_sublayer",
             points=2,
-            summary="post-norm norm(x + f(x)) or pre-norm x + f(norm(x)), chosen by norm_first",
-            hint="Two one-liners. Post-norm (norm_first=False), the paper's order: add the sub-layer's output to x "
-                 "first, then normalise the sum. Pre-norm (norm_first=True): normalise only what goes into the "
-                 "sub-layer, and add the sub-layer's output to the raw, unnormalised x.",
             make_cases=_residual_cases,
             verify=_RESIDUAL,
         ),
@@ -401,11 +387,6 @@ EXERCISE = Exercise(
             name="add_and_norm",
             function="AddAndNorm",
             points=3,
-            summary="a module with a learnable LayerNorm and dropout around any sub-layer, in either order",
-            hint=("Build a LayerNorm over d_model and a Dropout layer in __init__ (after calling the parent's "
-                "__init__) and remember the order. In forward, apply dropout to the sub-layer's output (never to "
-                "x): pre-norm adds that to x after normalising only the sub-layer's input; post-norm normalises "
-                'the sum.'),
             make_cases=_add_and_norm_cases,
             verify=_verify_add_and_norm,
             run=_run_add_and_norm,
@@ -413,22 +394,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'layer_norm': (
-        "Layer normalisation standardises each token's features to mean zero and variance one (the biased "
-        'variance, with eps inside the root), then applies a learned gain and shift.'
-    ),
-    'dropout': (
-        'Inverted dropout zeroes each entry with probability p during training and scales the survivors so '
-        'that the expected value is unchanged; in evaluation it does nothing.'
-    ),
-    'residual_sublayer': (
-        "A residual connection adds a sub-layer's output to its input; post-norm normalises the sum, pre-norm"
-        ' normalises only what enters the sub-layer.'
-    ),
-    'add_and_norm': (
-        'Wrap the residual pattern in a module: its LayerNorm and dropout are built once in __init__ (so they'
-        ' are trained and switched by train/eval), and forward applies them around any sub-layer.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex08.toml

@@ -35,7 +35,7 @@ from attention_course.grading.spec import (
     permutation,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 from attention_course.layers import EncoderLayer
 
@@ -413,7 +413,6 @@ def _verify_head(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex09",
-    title="The encoder",
     chapters=("09_the_encoder",),
     allowed={"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
     preamble=PREAMBLE,
@@ -421,11 +420,6 @@ EXERCISE = Exercise(
         Part(
             name="feed_forward",
             points=1,
-            summary="relu(x @ W1 + b1) @ W2 + b2 at every position, with a ValueError when the widths disagree",
-            hint=('Multiply by the first weights and add the first bias, apply ReLU, then multiply by the second '
-                "weights and add the second bias. Before that, check that the first matrix takes x's width and "
-                'the second gives it back (the residual add needs width d_model), raising a ValueError that names'
-                ' both numbers.'),
             make_cases=_ffn_cases,
             verify=_verify_ffn,
             run=_run_ffn,
@@ -433,10 +427,6 @@ EXERCISE = Exercise(
         Part(
             name="linear_to_conv1d",
             points=1,
-            summary="the (out, in, 1) kernel and bias that make F.conv1d compute x @ W + b at every position",
-            hint="In the row-vector convention W has shape (in, out); nn.Conv1d stores its kernels as (out_channels, "
-                 "in_channels, kernel_size). So the kernel is W transposed, with one more axis of size 1 at the end "
-                 "for the kernel width. The bias is unchanged.",
             make_cases=_conv_cases,
             verify=_verify_conv,
             run=_run_conv,
@@ -445,12 +435,6 @@ EXERCISE = Exercise(
             name="encoder_layer",
             function="MyEncoderLayer",
             points=3,
-            summary="self-attention and FFN, each with dropout, residual and LayerNorm, post- or pre-norm",
-            hint=("Build the course's multi-head attention and position-wise feed-forward modules, two LayerNorms "
-                'and two Dropouts in __init__. In forward, self-attention takes the same tensor as query, key and'
-                ' value and returns (output, weights): keep the output. Post-norm normalises each residual sum; '
-                "pre-norm normalises what enters each sub-layer and adds the sub-layer's (dropped-out) output to "
-                'x.'),
             make_cases=_encoder_layer_cases,
             verify=_verify_encoder_layer,
             run=_run_encoder_layer,
@@ -459,12 +443,6 @@ EXERCISE = Exercise(
             name="classifier_head",
             function="PoolingClassifierHead",
             points=2,
-            summary="pool the real tokens' states (mean or max), then one linear layer, built in __init__",
-            hint=('Build the linear layer once, in __init__, so that it is trained. In forward, turn the keep mask '
-                'into a column that broadcasts over the features. Mean pooling sums the kept states and divides '
-                'by the number of kept tokens; max pooling fills the padding with minus infinity first and takes '
-                'the maximum over the length (the reduction that returns a tensor, not a (values, indices) pair).'
-                ' Then apply the linear layer.'),
             make_cases=_head_cases,
             verify=_verify_head,
             run=_run_head,
@@ -472,22 +450,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'feed_forward': (
-        'The position-wise feed-forward network is the same two-layer MLP (widen, ReLU, narrow) applied to '
-        'every token separately.'
-    ),
-    'linear_to_conv1d': (
-        'A linear layer applied at every position is a 1-D convolution with kernel size 1; only the weight '
-        'layout differs.'
-    ),
-    'encoder_layer': (
-        'An encoder layer is two residual blocks: self-attention, then the feed-forward network, each with '
-        'dropout and LayerNorm, in post- or pre-norm order.'
-    ),
-    'classifier_head': (
-        'To classify a sequence, summarise its real (non-padding) tokens into one vector by pooling, then map'
-        ' it to class scores with one linear layer built in __init__.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex09.toml

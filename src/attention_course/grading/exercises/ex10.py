@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import close_problem, finite_problem, first_problem, fmt, matches, tensor_problem
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_texts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
@@ -462,7 +462,6 @@ def _verify_greedy(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex10",
-    title="The decoder and the full Transformer",
     chapters=("10_decoder_and_transformer",),
     allowed={"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},  # the masks of chapter 05
     preamble=PREAMBLE,
@@ -470,28 +469,18 @@ EXERCISE = Exercise(
         Part(
             name="shift_target",
             points=1,
-            summary="teacher forcing: the decoder's input and the labels from one target batch",
-            hint="Both are slices of tgt along dimension 1: one drops the last column, the other the first.",
             make_cases=_shift_cases,
             verify=_verify_shift,
         ),
         Part(
             name="decoder_masks",
             points=2,
-            summary="the causal self-attention mask and the source padding mask of a decoder",
-            hint="torch.ones(L, L, dtype=torch.bool).tril() is True where key j <= query i; (src != pad_id) is "
-                 "True on real source tokens: give it the shape (B, 1, 1, Ls) so it broadcasts over heads and "
-                 "target positions.",
             make_cases=_mask_cases,
             verify=_verify_masks,
         ),
         Part(
             name="decoder_layer_forward",
             points=2,
-            summary="a decoder layer's forward pass from its sub-modules, post-norm or pre-norm",
-            hint="Three sub-layers: self-attention on y (mask self_mask), cross-attention with query y and key = "
-                 "value = memory (mask memory_mask), then feed_forward. Post-norm: y = norm(y + f(y)); pre-norm: "
-                 "y = y + f(norm(y)). MultiHeadAttention returns (output, weights).",
             make_cases=_layer_cases,
             verify=_verify_layer,
             run=_run_layer,
@@ -499,10 +488,6 @@ EXERCISE = Exercise(
         Part(
             name="greedy_decode",
             points=3,
-            summary="batched greedy decoding with model.encode / model.decode, eos handling and padding",
-            hint="Encode once; start from a (B, 1) column of bos_id; at each step decode the whole prefix with a "
-                 "causal mask, take the argmax of the last position, write pad_id where a sentence has already "
-                 "finished, append, and stop when every sentence has produced eos_id.",
             make_cases=_greedy_cases,
             verify=_verify_greedy,
             run=_run_greedy,
@@ -512,22 +497,4 @@ EXERCISE = Exercise(
 
 __all__ = ["EXERCISE", "DecoderSublayers", "ScriptedTranslator"]
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'shift_target': (
-        'Teacher forcing: the decoder reads the target up to the last token and predicts it from the second '
-        'token on; input and labels are the same batch shifted by one.'
-    ),
-    'decoder_masks': (
-        'A decoder needs two masks: one that stops each position from seeing later positions, and one that '
-        "hides the source's padding from cross-attention."
-    ),
-    'decoder_layer_forward': (
-        'A decoder layer has three residual sub-layers: masked self-attention, cross-attention to the '
-        "encoder's memory, and the feed-forward network, in post- or pre-norm order."
-    ),
-    'greedy_decode': (
-        'Greedy decoding grows the output one token at a time, always taking the most likely next token, and '
-        'stops a sentence at its end token (or at the length limit).'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex10.toml

@@ -28,7 +28,7 @@ from attention_course.grading.compare import (
     float32_atol,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_concepts
+from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_texts
 
 PREAMBLE = preamble()
 
@@ -357,6 +357,8 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
         code = 0
         try:
             os.close(read_end)
+            # The parent's thread pool did not survive the fork; a parallel copy would wait on it forever.
+            torch.set_num_threads(1)
             with _refusing_attention_kernels():
                 call_function(obj, small)
                 before = _memory_status()["VmRSS"]
@@ -441,51 +443,30 @@ def _verify_tiled(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex11",
-    title="Making attention fast",
     chapters=("11_efficient_attention", "11b_tiled_attention"),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="cache_append",
             points=1,
-            summary="append new keys and values to the cached ones along the length dimension",
-            hint="Keys and values have shape (batch, heads, length, d). torch.cat([old, new], dim=-2) puts the new "
-                 "positions after the cached ones. An empty cache is None: then the new tensors are the cache.",
             make_cases=_append_cases,
             verify=_verify_append,
         ),
         Part(
             name="online_softmax_update",
             points=2,
-            summary="fold a block of scores into a running maximum m and running sum l = sum exp(s - m)",
-            hint=("The new maximum is the larger of the running maximum and the block's own maximum. The old sum "
-                'was measured against the old maximum: rescale it by the exponential of the difference between '
-                "the old and the new maximum, then add the block's exponentials measured against the new maximum."
-                ' Where the new maximum is still minus infinity (nothing seen yet), subtract zero instead, or you'
-                ' get NaN.'),
             make_cases=_online_cases,
             verify=_verify_online,
         ),
         Part(
             name="tiled_attention_step",
             points=3,
-            summary="one block of keys/values folded into (accumulator, running max, running sum)",
-            hint="Score the block: the queries times the block's keys transposed on their last two dimensions, times "
-                 "scale. Your online_softmax_update gives the new maximum and sum. The accumulator is rescaled like "
-                 "the sum, by the exponential of how far the maximum moved (old minus new, one factor per query row), "
-                 "then gets the block's exponentiated scores (each minus its row's new maximum) times the block's "
-                 "values.",
             make_cases=_step_cases,
             verify=_verify_step,
         ),
         Part(
             name="tiled_attention",
             points=3,
-            summary="exact attention computed block by block, never forming the full score matrix",
-            hint="Loop over blocks of block_size queries (slices along the query dimension, -2). For each, start from "
-                 "a zero accumulator, a running maximum of -inf and a zero sum, loop over blocks of keys and values "
-                 "with your tiled_attention_step (scale 1 / sqrt(d_k)), and divide the accumulator by the sum. "
-                 "Concatenate the query blocks along dim -2.",
             make_cases=_tiled_cases,
             verify=_verify_tiled,
             run=_run_tiled,
@@ -493,22 +474,4 @@ EXERCISE = Exercise(
     ),
 )
 
-# Concept hints (tier 1) each part's `hint` above is the approach (tier 2).
-EXERCISE = with_concepts(EXERCISE, {
-    'cache_append': (
-        'A KV cache keeps the keys and values of the tokens seen so far; each decoding step adds the new ones'
-        ' at the end of the length axis.'
-    ),
-    'online_softmax_update': (
-        'A softmax can be computed block by block: keep a running maximum and a running sum of exponentials, '
-        'and rescale the old sum whenever the maximum grows.'
-    ),
-    'tiled_attention_step': (
-        'Folding in one block of keys and values updates the unnormalised output the same way as the running '
-        "sum: rescale the old part to the new maximum, add the block's part."
-    ),
-    'tiled_attention': (
-        'Tiled attention loops over blocks of queries and keys and keeps only running statistics, so the full'
-        ' score matrix never exists; divide by the running sum at the end.'
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex11.toml

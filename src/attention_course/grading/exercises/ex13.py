@@ -45,7 +45,7 @@ from attention_course.grading.spec import (
     permutation,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 from attention_course.sampling import chi_square_p_value
 from attention_course.sampling import top_k_filter as reference_top_k
@@ -458,48 +458,30 @@ def _run_rms_norm(obj: Any, case: Case) -> Any:
 
 EXERCISE = Exercise(
     id="ex13",
-    title="Decoder-only language models",
     chapters=("13_decoder_only_language_models", "13b_modern_block_and_checkpoints"),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="next_token_loss",
             points=2,
-            summary="mean cross-entropy of predicting token t + 1 from position t, padding ignored",
-            hint="Position t predicts the token at t + 1: pair the logits of every position but the last with the "
-                 "tokens of every position but the first. Flatten both (the logits to one row per prediction) and use "
-                 "F.cross_entropy with ignore_index set to the padding id.",
             make_cases=_loss_cases,
             verify=_verify_loss,
         ),
         Part(
             name="top_k_filter",
             points=1,
-            summary="keep the k largest logits of each row, set the others to -inf",
-            hint="Find each row's k-th largest logit (torch.topk returns the k largest in order: the last of them is "
-                 "the threshold, kept with its dimension so it broadcasts over the row). Every logit below the "
-                 "threshold is dropped: set it to -inf. A k at least the vocabulary size keeps everything.",
             make_cases=_top_k_cases,
             verify=_verify_top_k,
         ),
         Part(
             name="top_p_filter",
             points=2,
-            summary="keep the smallest set of most likely tokens whose probability reaches p",
-            hint="Sort the logits in descending order, take softmax and cumsum. The probability *before* a token "
-                 "is its cumsum minus its own probability: drop it when that is already >= p. Scatter the "
-                 "decision back to the original order.",
             make_cases=_top_p_cases,
             verify=_verify_top_p,
         ),
         Part(
             name="sample_next_token",
             points=2,
-            summary="temperature on the logits, then top-k and top-p, then one draw per row",
-            hint="Temperature 0: return the argmax. Otherwise divide the logits by the temperature, apply your "
-                 "filters and a softmax. torch.multinomial draws from rows of a 2-D tensor only: flatten the leading "
-                 "dimensions into one, draw one sample per row with the generator you were given, and give the result "
-                 "the leading dimensions back.",
             make_cases=_sample_cases,
             verify=_verify_sample,
             run=_run_sample,
@@ -507,22 +489,12 @@ EXERCISE = Exercise(
         Part(
             name="cached_attention_step",
             points=2,
-            summary="one generation step of causal self-attention with a KV cache",
-            hint="Project only the new token into its query, key and value with the three weight matrices. Append the "
-                 "new key and value to the cached ones along the position dimension, 1 (the cache may be None at the "
-                 "first step). The new query then attends to every cached position and to itself: scaled dot products "
-                 "with all the keys, a softmax, and the weighted sum of all the values.",
             make_cases=_step_cases,
             verify=_verify_step,
         ),
         Part(
             name="rms_norm",
             points=2,
-            summary="RMSNorm: each token's features divided by their root mean square (eps inside), times a weight",
-            hint="Square every feature and average over the last dimension only, keeping it for broadcasting; add "
-                 "eps to that mean before taking the square root; divide x by the result and multiply by the "
-                 "weight. Half-precision inputs: do the arithmetic in float32 and convert back at the end. Check "
-                 "the weight's size against the last dimension first.",
             make_cases=_rms_norm_cases,
             verify=_verify_rms_norm,
             run=_run_rms_norm,
@@ -530,27 +502,4 @@ EXERCISE = Exercise(
     ),
 )
 
-EXERCISE = with_concepts(EXERCISE, {
-    "next_token_loss": (
-        "A language model's logits at position t are its guess for the token at t + 1; padding is not text, "
-        "so its targets do not count."
-    ),
-    "top_k_filter": "Top-k sampling draws only among the k most likely tokens.",
-    "top_p_filter": (
-        "Nucleus sampling keeps the most likely tokens until their probabilities add up to p, including the "
-        "token that crosses p."
-    ),
-    "sample_next_token": (
-        "Temperature rescales the logits before the softmax; filters remove tokens from the distribution the "
-        "draw comes from."
-    ),
-    "cached_attention_step": (
-        "At each generation step only the newest token is new: its key and value join the cache, and its query "
-        "attends to every position so far."
-    ),
-    "rms_norm": (
-        "RMSNorm keeps only LayerNorm's rescaling: no mean is subtracted and no bias added. Each token's "
-        "features are divided by their root mean square, with eps under the root so a zero vector stays "
-        "finite, then scaled by a learned gain per feature."
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex13.toml

@@ -44,7 +44,7 @@ from attention_course.grading.spec import (
     diagnose,
     preamble,
     randn,
-    with_concepts,
+    with_texts,
 )
 from attention_course.rotary import apply_rotary as reference_rotary
 
@@ -387,18 +387,12 @@ def _verify_conversion(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex14",
-    title="Positions for long contexts",
     chapters=("14_positions_for_long_contexts",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="rotate_pairs",
             points=3,
-            summary="the rotary embedding: pair (2i, 2i+1) of each row turned by position * base^(-2i/d)",
-            hint="Build the d/2 frequencies and the (L, d/2) table of angles positions[l] * frequency[i]. Take the "
-                 "even and the odd features as two (..., L, d/2) tensors, apply the two rotation formulas, and "
-                 "interleave the results again (stack on a new last dimension, then flatten it). Raise the "
-                 "ValueError before anything else.",
             make_cases=_rotary_cases,
             verify=_verify_rotary,
             run=call_expecting_error,
@@ -406,32 +400,18 @@ EXERCISE = Exercise(
         Part(
             name="score_at_offset",
             points=2,
-            summary="the rotated score of a query and a key that sits offset positions later, from contents only",
-            hint="Rotating the query by p and the key by p + offset gives the same score as leaving the query "
-                 "as it is and rotating the key by the offset alone. Your rotate_pairs from part 1 can do the "
-                 "rotation; the score of each pair of rows is a sum over features.",
             make_cases=_offset_cases,
             verify=_verify_offset,
         ),
         Part(
             name="add_alibi",
             points=4,
-            summary="ALiBi: each head's slopes (the paper's rule included) times -|i - j|, added to the scores",
-            hint="Slopes: for n heads, n a power of two, slope h is 2^(-8h/n), h = 1 .. n; otherwise take all n "
-                 "slopes of the largest power of two n below the head count, then the slopes of 2n heads at odd "
-                 "places (the 1st, 3rd, ...) until the count is reached. Bias: query i sits at position "
-                 "i + Lk - Lq, key j at j; make the (Lq, Lk) table of their distances and multiply it by minus "
-                 "each head's slope, broadcasting the slopes over a new pair of trailing dimensions.",
             make_cases=_alibi_cases,
             verify=_verify_alibi,
         ),
         Part(
             name="rotate_half",
             points=2,
-            summary="the rotary embedding in the Llama convention: feature i turned with feature i + d/2",
-            hint="The frequencies and the (L, d/2) angle table are part 1's. Split the last dimension into its "
-                 "first and second halves (the two members of every pair), apply the two rotation formulas to "
-                 "the halves as blocks, and join the results in the same order. Raise the ValueError first.",
             make_cases=_rotate_half_cases,
             verify=_verify_rotate_half,
             run=call_expecting_error,
@@ -439,11 +419,6 @@ EXERCISE = Exercise(
         Part(
             name="interleaved_to_half",
             points=2,
-            summary="reorder each head's rows of a query/key projection from interleaved to rotate-half pairs",
-            hint="Within one head, output feature 2i (the first member of pair i) must move to place i and "
-                 "feature 2i + 1 to place i + d_head/2: the new order lists the even rows, then the odd ones. "
-                 "View the weight as (heads, d_head, d_model), index the middle dimension with that order, and "
-                 "flatten back. Check the sizes first.",
             make_cases=_conversion_cases,
             verify=_verify_conversion,
             run=call_expecting_error,
@@ -451,27 +426,4 @@ EXERCISE = Exercise(
     ),
 )
 
-EXERCISE = with_concepts(EXERCISE, {
-    "rotate_pairs": (
-        "Chapter 07's sinusoidal table moves k positions by rotating each pair of features; rotary embeddings "
-        "apply that rotation, by each row's own position, to the queries and keys themselves."
-    ),
-    "score_at_offset": (
-        "Rotations are orthogonal and compose by adding angles: R_p^T R_s = R_(s-p). So a rotated score "
-        "depends on the two contents and the offset s - p, never on p itself."
-    ),
-    "add_alibi": (
-        "ALiBi adds to every score a penalty that grows linearly with the distance between query and key; "
-        "each head has its own fixed slope, and the slopes form a geometric sequence, so some heads look only "
-        "nearby and others far back."
-    ),
-    "rotate_half": (
-        "Llama, GPT-NeoX and the Hugging Face files pair feature i with feature i + d/2 instead of 2i with "
-        "2i + 1: the same rotations by the same angles, applied to the features in another order."
-    ),
-    "interleaved_to_half": (
-        "A projection's rows are its output features. Reordering a query and a key projection's rows by the "
-        "same permutation, head by head, leaves every dot product unchanged and moves each rotary pair to "
-        "the places the other convention rotates together."
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex14.toml

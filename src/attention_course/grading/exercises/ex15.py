@@ -28,7 +28,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -252,54 +252,28 @@ def _verify_tile(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex15",
-    title="Attention at inference scale",
     chapters=("15_attention_at_inference_scale",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="grouped_query_attention",
             points=3,
-            summary="attention where each key/value head serves a group of consecutive query heads",
-            hint="G = H / H_kv. Copy each key and value head G times in a row along the head dimension "
-                 "(torch.repeat_interleave), so that query heads 0..G-1 meet KV head 0; then ordinary scaled "
-                 "dot-product attention with the mask (masked_fill of the scores with -inf where it is False).",
             make_cases=_gqa_cases,
             verify=_verify_gqa,
         ),
         Part(
             name="sliding_window_mask",
             points=2,
-            summary="a (Lq, Lk) bool mask, True where 0 <= i - j < window for positions i and j",
-            hint="Build all the offsets i - j at once by broadcasting: the query positions as a column minus "
-                 "the key positions as a row. Then combine two comparisons with &.",
             make_cases=_window_cases,
             verify=_verify_window,
         ),
         Part(
             name="flash_backward_tile",
             points=3,
-            summary="the gradients of one (query block, key block) tile, from the saved log-sum-exp and D",
-            hint="Recompute the tile's scores S = scale * Q Kᵀ and its weights P = exp(S - lse) (lse has one entry "
-                 "per query row; add a last dimension to subtract it). Then dV = Pᵀ dO, dP = dO Vᵀ, "
-                 "dS = P * (dP - D), dQ = scale * dS K, dK = scale * dSᵀ Q. Transpose the last two "
-                 "dimensions only, so that leading dimensions work.",
             make_cases=_tile_cases,
             verify=_verify_tile,
         ),
     ),
 )
 
-EXERCISE = with_concepts(EXERCISE, {
-    "grouped_query_attention": (
-        "Grouped-query attention has fewer key/value heads than query heads; each key/value head is shared by a "
-        "group of consecutive query heads, which shrinks the KV cache."
-    ),
-    "sliding_window_mask": (
-        "In sliding-window attention each query sees itself and the window - 1 positions before it, nothing "
-        "older and nothing later."
-    ),
-    "flash_backward_tile": (
-        "FlashAttention's backward pass keeps no weights: each tile rebuilds them from the row's log-sum-exp, "
-        "and the softmax's correction D = rowsum(dO * O) comes from the stored output."
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex15.toml

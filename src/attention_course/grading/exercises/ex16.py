@@ -29,7 +29,7 @@ from attention_course.grading.compare import (
     scalar_problem,
     tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_texts
 from attention_course.interpretability import induction_score as reference_induction_score
 from attention_course.interpretability import repeated_random_tokens as reference_repeated
 
@@ -251,56 +251,28 @@ def _verify_ablation(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex16",
-    title="What heads learn",
     chapters=("16_what_heads_learn",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="repeated_batch",
             points=2,
-            summary="a batch of random token sequences whose second half repeats the first",
-            hint="Make a generator seeded with seed, draw the (batch_size, half_length) first halves with one "
-                 "torch.randint call that uses it, and join each first half to a copy of itself along the "
-                 "sequence dimension.",
             make_cases=_batch_cases,
             verify=_verify_batch,
         ),
         Part(
             name="induction_score",
             points=3,
-            summary="each head's mean attention from a repeated token to the key after its earlier occurrence",
-            hint="Compare every query's token with every key's token to get a (B, L, L) table of equal pairs, "
-                 "keep the keys before the query, and shift that table one key to the right: those are the "
-                 "targets. A query counts only if it has a target. Sum each head's weights over its targets, "
-                 "then average over the queries that count (all sequences together).",
             make_cases=_induction_cases,
             verify=_verify_induction,
         ),
         Part(
             name="ablation_loss_change",
             points=3,
-            summary="the change in next-token loss when one head of a one-layer attention-only model is zeroed",
-            hint="Write the forward pass once with an argument that says which head to ablate (or none): "
-                 "per-head queries, keys and values by einsum, causal softmax, the weighted values, then set the "
-                 "chosen head's weighted values to zero before the output projection sums the heads into the "
-                 "residual stream. Run it twice and subtract the two cross-entropies.",
             make_cases=_ablation_cases,
             verify=_verify_ablation,
         ),
     ),
 )
 
-EXERCISE = with_concepts(EXERCISE, {
-    "repeated_batch": (
-        "Random tokens carry no pattern a model could learn in advance; when they come a second time, only the "
-        "context predicts them. That isolates in-context learning."
-    ),
-    "induction_score": (
-        "An induction head finds where the current token appeared before and attends to the token that "
-        "followed it there, so that it can copy that token as the next prediction."
-    ),
-    "ablation_loss_change": (
-        "To ablate a head is to remove what it writes into the residual stream and see what the model loses: "
-        "the loss change measures how much the model relied on that head."
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex16.toml

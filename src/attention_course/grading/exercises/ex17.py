@@ -26,7 +26,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     tuple_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_concepts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_texts
 
 PREAMBLE = preamble()
 
@@ -254,54 +254,28 @@ def _verify_intensity(case: Case, output: Any) -> str | None:
 
 EXERCISE = Exercise(
     id="ex17",
-    title="Serving attention",
     chapters=("17_serving_attention",),
     preamble=PREAMBLE,
     parts=(
         Part(
             name="locate",
             points=2,
-            summary="token positions -> (physical block, slot) through a paged cache's block table",
-            hint="Entry p // block_size of the table holds position p, at slot p % block_size. Index the table "
-                 "with the entries of all positions at once.",
             make_cases=_lookup_cases,
             verify=_verify_lookup,
         ),
         Part(
             name="verify_draft",
             points=4,
-            summary="speculative decoding's check of k draft tokens: how many are accepted, and the "
-                    "distribution of the next token",
-            hint="Walk through the draft in order. Token i is accepted while u_i < min(1, p_i(x_i) / q_i(x_i)). "
-                 "At the first rejection return i and max(0, p_i - q_i) divided by its sum; if none is "
-                 "rejected return k and the target's row k (the bonus token's distribution).",
             make_cases=_verify_cases,
             verify=_verify_verify,
         ),
         Part(
             name="decode_intensity",
             points=2,
-            summary="FLOPs per byte of one decoding step for a batch of sequences of different lengths",
-            hint="Every sequence pays 2 FLOPs per weight and 4 * layers * d_model per cached position; the "
-                 "weights cross the memory bus once for the whole batch, each sequence's keys and values "
-                 "(2 * layers * d_kv numbers per position) once each. Sum the positions over the batch.",
             make_cases=_intensity_cases,
             verify=_verify_intensity,
         ),
     ),
 )
 
-EXERCISE = with_concepts(EXERCISE, {
-    "locate": (
-        "A paged cache stores a sequence in fixed-size blocks scattered over a pool; the block table lists "
-        "them in order, like a page table maps virtual to physical memory."
-    ),
-    "verify_draft": (
-        "Accepting a draft token x with probability min(1, p(x)/q(x)) and otherwise drawing from "
-        "max(0, p - q) normalised gives exactly the target's distribution p."
-    ),
-    "decode_intensity": (
-        "Arithmetic intensity is FLOPs divided by bytes moved; a decoding step reads every weight once for "
-        "the whole batch and each sequence's own keys and values."
-    ),
-})
+EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex17.toml
