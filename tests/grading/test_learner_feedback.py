@@ -476,6 +476,42 @@ def test_a_pool_taken_without_refill_starts_the_replacement_only_when_asked(monk
     assert len(started) == 1
     first = workers.take(refill=False)
     assert first is started[0] and len(started) == 1 and not workers._warm  # nothing competes with the check
-    workers.fill()  # after the check (run_parts(warm_after=True))
+    workers.fill()  # after the check (the checker's prewarm)
     assert len(started) == 2 and workers._warm == [started[1]]
     assert workers.take() is started[1] and len(started) == 3  # the grader's order: replace at once
+
+
+def _cell_function(source: str, name: str):
+    """The function a cell of ``source`` defines, with the cell's source where the check finds it."""
+    import linecache
+
+    filename = f"<graded-cell-{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["hard_attention_weights"]
+
+
+_HARD = """import torch
+def hard_attention_weights(scores):
+    return torch.nn.functional.one_hot(scores.argmax(dim=-1), scores.shape[-1]).to(scores.dtype)
+"""
+
+
+def test_the_check_starts_the_next_worker_only_while_a_part_has_not_passed(monkeypatch):
+    """A finished notebook (every part passed) leaves no worker started for nothing; a learner still working
+    finds one ready for the next check."""
+    from attention_course.grading import sandbox
+    from attention_course.grading.judge import PASSED
+
+    started: list[str] = []
+    monkeypatch.setattr(sandbox, "prewarm", lambda isolation="auto", **kwargs: started.append(isolation))
+    exercise = get_exercise("ex02")
+    checker = Checker(exercise, seed=0, isolated=True)
+    for part in exercise.parts[1:]:  # every other part has passed already
+        checker._verdicts[part.name] = PartVerdict(part.name, part.points, PASSED, "passed")
+    checker.hard_attention_weights(_cell_function(_HARD.replace("argmax", "argmin"), "wrong"))
+    assert checker._verdicts["hard_attention_weights"].cases and started == ["auto"]  # ran, failed: one started
+    assert not checker.passed("hard_attention_weights")
+    checker.hard_attention_weights(_cell_function(_HARD, "right"))
+    assert checker.passed("hard_attention_weights") and started == ["auto"]  # all passed: none started

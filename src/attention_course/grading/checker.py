@@ -263,7 +263,7 @@ class Checker:
         to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
         limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
         result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, isolation="auto",
-                                   allowed=exercise_allowed(exercise.id), warm=1, warm_after=True)
+                                   allowed=exercise_allowed(exercise.id), warm=1, refill=False)
         isolated_by_os = getattr(result, "isolated", None)
         if isolated_by_os is False:
             self._say_once(notes, "unisolated",
@@ -274,9 +274,15 @@ class Checker:
         # not use earns nothing.
         aliases = library_aliases([exercise.preamble, *(source for _, _, source in ordered)])
         problem = library_problem(sources[part.name], exercise.id, part.name, aliases)
+        verdict = verdicts[part.name]
         if problem:
-            return failed_part(part, f"no marks: {problem}", kind=FailureKind.FORBIDDEN)
-        return verdicts[part.name]
+            verdict = failed_part(part, f"no marks: {problem}", kind=FailureKind.FORBIDDEN)
+        # Start the next check's worker now that this one is over (so that it does not compete with this
+        # check), unless every part passes: a finished notebook would leave a worker started for nothing.
+        latest = {**self._verdicts, part.name: verdict}
+        if not all(name in latest and latest[name].passed for name in self._part_names()):
+            sandbox.prewarm(isolation="auto")
+        return verdict
 
     def _say_once(self, notes: list[str], key: str, text: str) -> None:
         if key not in self._said:

@@ -363,7 +363,8 @@ def prewarm(isolation: str = "auto", limits: Limits | None = None, output_limit:
             size: int = 1) -> None:
     """Start ``size`` sandboxes now (without waiting for them), for the next :func:`run_parts` with these
     settings: the notebook's ``exercise(...)`` calls it, so that the first check finds a worker whose imports
-    are done, and every check (``warm=1``) leaves one started for the next. Each is still used once."""
+    are done, and every check leaves one started for the next while some part has not passed. Each is still
+    used once."""
     isolated = _isolated(isolation)
     pool(isolated, limits or Limits(), output_limit, size).fill()
 
@@ -381,7 +382,7 @@ def run_parts(
     allowed: frozenset[str] | None = None,
     budget: float | None = None,
     warm: int = 0,
-    warm_after: bool = False,
+    refill: bool = True,
 ) -> SandboxResult:
     """Run the learner's ``cells`` and then each part's cases in a fresh sandbox; see the module docstring.
 
@@ -402,20 +403,18 @@ def run_parts(
         budget: seconds the whole notebook may take, retries included (default :func:`notebook_budget`).
         warm: sandboxes to keep started ahead of need (the grader: one per notebook graded at once; the
             notebook check: one; 0: start each one when needed).
-        warm_after: start the replacement of the sandbox used only once this run is over (the notebook
-            check: on two cores, a worker importing PyTorch next to the one checking would slow the check).
+        refill: start the replacement of the sandbox taken at once (the grader). ``False``: start none; the
+            caller starts one with :func:`prewarm` when it wants one (the notebook check: once the check is
+            over, since on two cores a worker importing PyTorch next to the one checking slows the check, and
+            only while some part has not passed).
     """
     if isolation not in ("required", "auto", "none"):
         raise ValueError(f"isolation must be 'required', 'auto' or 'none', got {isolation!r}")
     isolated = _isolated(isolation)
     limits = limits or Limits()
     workers = pool(isolated, limits, output_limit, warm)
-    try:
-        return _run_parts(exercise_id, preamble, cells, part_cases, timeout, output_limit, allowed, budget,
-                          isolated, _Taker(workers, refill=not warm_after))
-    finally:
-        if warm_after:
-            workers.fill()
+    return _run_parts(exercise_id, preamble, cells, part_cases, timeout, output_limit, allowed, budget,
+                      isolated, _Taker(workers, refill=refill))
 
 
 class _Taker:
