@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.grading.compare import f64, finite_problem, fmt, matches, row_name, tensor_problem, tuple_problem
-from attention_course.grading.declare import Check, Out, View
+from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 
@@ -306,15 +306,6 @@ def _causal_scores(v: View) -> torch.Tensor:
     return torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
 
 
-def _unpack_pair(v: View) -> str | None:
-    """For a case run twice (``future``, ``alone``): the first output is judged, the second kept in ``extra``."""
-    if "future" in v.data or "alone" in v.data:
-        if not isinstance(v.output, tuple) or len(v.output) != 2:
-            return "your output could not be read"
-        v.output, v.extra = v.output
-    return None
-
-
 def _zero_diagonal(v: View) -> str | None:
     weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(v.want.weights.shape) and bool(
@@ -359,7 +350,7 @@ _CAUSAL = Check(
     outputs=(Out("output", "causal attention weights @ V", finite=False),
              Out("weights", "the causal softmax", finite=False)),
     compare=("weights",),
-    unpack=_unpack_pair,
+    unpack=second_run("future", "alone"),
     before=(_zero_diagonal,),
     properties=(_causal_weights, _finite_output),
     explain=(_first_token,),
@@ -434,7 +425,7 @@ def _alone(v: View) -> str | None:
 _PADDED = Check(
     reference=lambda v: _padded_reference(v, _padded_mask(v)),
     outputs=(Out("output", "causal, padding-masked scaled dot-product attention"),),
-    unpack=_unpack_pair,
+    unpack=second_run("future", "alone"),
     mistakes=(Mistake(lambda v: _padded_reference(v, _causal(v.x[0].shape[-2])),
                       "your output ignores the padding: combine the causal mask with the padding mask (AND) so that "
                       "no query attends to a padding key"),),

@@ -26,7 +26,7 @@ from attention_course.grading.compare import (
     fmt_shape,
     tensor_problem,
 )
-from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.declare import Check, Out, View, mistakes_on, second_run
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -87,14 +87,6 @@ _FFN_MISTAKES = (  # (x, W1, b1, W2, b2) -> a wrong FFN output
 )
 
 
-def _unpack_permuted(v: View) -> str | None:
-    if "perm" in v.data:
-        if not isinstance(v.output, tuple) or len(v.output) != 2:
-            return f"expected a tensor, got {type(v.output).__name__}"
-        v.output, v.extra = v.output
-    return None
-
-
 def _position_wise(v: View) -> str | None:
     if v.extra is None:
         return None
@@ -113,7 +105,7 @@ _FFN = Check(
     outputs=(Out("output", "relu(x @ W1 + b1) @ W2 + b2"),),
     raises=lambda v: (v.data["error"], "the FFN's output must have width d_model, and W1 must match x's features")
     if "error" in v.data else None,
-    unpack=_unpack_permuted,
+    unpack=second_run("perm", message="expected a tensor"),
     mistakes=mistakes_on(_FFN_MISTAKES, lambda v: v.x),
     matches=close_f64,
     after=(_position_wise,),

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import first_problem, fmt, matches, tensor_problem
-from attention_course.grading.declare import Check, Out, View
+from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, with_texts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
@@ -272,14 +272,6 @@ _LAYER_MISTAKES = (
 )
 
 
-def _unpack_future(v: View) -> str | None:
-    if "future" in v.data:
-        if not isinstance(v.output, (tuple, list)) or len(v.output) != 2:
-            return "your output could not be read"
-        v.output, v.extra = v.output
-    return None
-
-
 def _layer_shape(v: View) -> str | None:
     output, (B, Lt, d), Ls = v.output, v.args[1].shape, v.args[2].size(1)
     if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[0], Tensor):
@@ -306,7 +298,7 @@ def _layer_leakage(v: View) -> str | None:
 _LAYER = Check(
     reference=lambda v: _torch_reference(v.data["reference"], *v.args[1:]),
     outputs=(Out("output", "nn.TransformerDecoderLayer with the same weights", atol=1e-6, rtol=1e-5),),
-    unpack=_unpack_future,
+    unpack=second_run("future"),
     before=(_layer_shape,),
     mistakes=_LAYER_MISTAKES,
     matches=_matches,
