@@ -20,8 +20,6 @@ from attention_course.grading.compare import (
     close_f64,
     close_problem,
     f64,
-    finite_problem,
-    first_problem,
     fmt,
     fmt_shape,
     tensor_problem,
@@ -34,7 +32,6 @@ from attention_course.grading.spec import (
     Part,
     call_expecting_error,
     call_function,
-    diagnose,
     permutation,
     preamble,
     randn,
@@ -231,69 +228,63 @@ def _run_encoder_layer(obj: Any, case: Case) -> Any:
         return {"count": count, "output": module(x, mask), "again": module(x, mask)}
 
 
-def _reference_encoder_layer(case: Case, mask: torch.Tensor | None, norm_first: bool | None = None) -> torch.Tensor:
-    d_model, num_heads, d_ff, dropout, config_norm_first = case.data["config"]
+def _reference_encoder_layer(v: View, mask: torch.Tensor | None, norm_first: bool | None = None) -> torch.Tensor:
+    d_model, num_heads, d_ff, dropout, config_norm_first = v.data["config"]
     layer = _torch_layer(d_model, num_heads, d_ff, dropout, config_norm_first if norm_first is None else norm_first)
-    layer.load_state_dict(case.data["torch_state"])
-    layer = layer.double().eval()
-    x = f64(case.args[0])
+    layer.load_state_dict(v.data["torch_state"])
     padding = None if mask is None else ~mask[:, 0, 0, :]  # PyTorch marks padding with True
     with torch.no_grad():
-        return layer(x, src_key_padding_mask=padding)
+        return layer.double().eval()(v.x[0], src_key_padding_mask=padding)
 
 
-def _verify_encoder_layer(case: Case, output: Any) -> str | None:
-    d_model, num_heads, d_ff, dropout, norm_first = case.data["config"]
-    x, mask = case.args
-    if not isinstance(output, dict) or "count" not in output:
-        return f"expected your layer to return a tensor, got {type(output).__name__}"
+def _unpack_layer(v: View) -> str | None:
+    if not isinstance(v.output, dict) or "count" not in v.output:
+        return f"expected your layer to return a tensor, got {type(v.output).__name__}"
+    if "load_error" in v.output:
+        return ("the check could not load nn.TransformerEncoderLayer's weights into your layer; use the attribute "
+                "names of the task (self_attention, feed_forward, norm1, norm2). PyTorch said: "
+                + v.output["load_error"].split("\n")[0][:300])
+    v.output, v.extra = v.output.get("output"), v.output
+    return None
+
+
+def _parameter_count(v: View) -> str | None:
+    d_model, _, d_ff, _, _ = v.data["config"]
     formula = 4 * d_model**2 + 4 * d_model + 2 * d_model * d_ff + d_ff + d_model + 4 * d_model
+    if v.extra["count"] != formula:
+        return (f"your layer has {v.extra['count']} parameters; an encoder layer with d_model={d_model}, "
+                f"d_ff={d_ff} has 4d² + 4d (attention) + 2·d·d_ff + d_ff + d (FFN) + 4d (two LayerNorms) "
+                f"= {formula}")
+    return None
 
-    def loaded() -> str | None:
-        if "load_error" in output:
-            return ("the check could not load nn.TransformerEncoderLayer's weights into your layer; use the "
-                    "attribute names of the task (self_attention, feed_forward, norm1, norm2). PyTorch said: "
-                    + output["load_error"].split("\n")[0][:300])
-        return None
 
-    def count() -> str | None:
-        if output["count"] != formula:
-            return (f"your layer has {output['count']} parameters; an encoder layer with d_model={d_model}, "
-                    f"d_ff={d_ff} has 4d² + 4d (attention) + 2·d·d_ff + d_ff + d (FFN) + 4d (two LayerNorms) "
-                    f"= {formula}")
-        return None
+def _dropout_applied(v: View) -> str | None:
+    again = v.extra.get("again")
+    if isinstance(again, torch.Tensor) and torch.equal(again, v.got.output):
+        return ("in training mode (with the dropout inside attention and the FFN switched off) two calls "
+                "gave the same output: apply dropout to each sub-layer's output, before the residual add")
+    return None
 
-    out = output.get("output")
 
-    def values() -> str | None:
-        if case.data["mode"] == "train":
-            again = output.get("again")
-            if isinstance(again, torch.Tensor) and torch.equal(again, out):
-                return ("in training mode (with the dropout inside attention and the FFN switched off) two calls "
-                        "gave the same output: apply dropout to each sub-layer's output, before the residual add")
-            return None
-        expected = _reference_encoder_layer(case, mask)
-        if close_f64(out, expected):
-            return None
-        mistakes = (
-            Mistake(lambda: _reference_encoder_layer(case, mask, norm_first=not norm_first),
-                    f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
-                    f"norm_first={norm_first}"),
-            Mistake(lambda: None if mask is None else _reference_encoder_layer(case, None),
-                    "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
-                    "so that no token attends to padding"),
-        )
-        return diagnose(mistakes, out, matches=close_f64) or close_problem(
-            out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the same weights",
-            atol=1e-4, rtol=1e-3)
+def _norm_order(v: View) -> str:
+    norm_first = v.data["config"][4]
+    return f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but norm_first={norm_first}"
 
-    return first_problem(
-        loaded,
-        lambda: tensor_problem(out, "your output", x.shape),
-        lambda: finite_problem(out, "your output"),
-        count,
-        values,
-    )
+
+_ENCODER_LAYER = Check(
+    # In training mode the output is random: it is its own reference, and _dropout_applied judges it.
+    reference=lambda v: v.output if v.data["mode"] == "train" else _reference_encoder_layer(v, v.args[1]),
+    outputs=(Out("output", "nn.TransformerEncoderLayer with the same weights (evaluation mode)", atol=1e-4, rtol=1e-3,
+                 shape=lambda v: v.args[0].shape),),
+    unpack=_unpack_layer,
+    properties=(_parameter_count, _dropout_applied),
+    mistakes=(Mistake(lambda v: _reference_encoder_layer(v, v.args[1], norm_first=not v.data["config"][4]),
+                      _norm_order),
+              Mistake(lambda v: None if v.args[1] is None else _reference_encoder_layer(v, None),
+                      "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
+                      "so that no token attends to padding")),
+    matches=close_f64,
+)
 
 
 # --- part 4: the classifier head ---------------------------------------------------------------------
@@ -415,7 +406,7 @@ EXERCISE = Exercise(
             function="MyEncoderLayer",
             points=3,
             make_cases=_encoder_layer_cases,
-            verify=_verify_encoder_layer,
+            verify=_ENCODER_LAYER,
             run=_run_encoder_layer,
         ),
         Part(
