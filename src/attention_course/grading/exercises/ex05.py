@@ -6,7 +6,8 @@ key, scaled dot-product attention with a mask, causal self-attention (the causal
 self-attention over a padded batch (causal and padding masks combined).
 
 References are computed in float64 in the checking process from PyTorch (``torch.softmax`` over the allowed
-keys, ``F.scaled_dot_product_attention``); properties (blocked keys get zero weight, rows sum to one,
+keys, times the values: what ``F.scaled_dot_product_attention`` gives, and zero for a query with no allowed
+key); properties (blocked keys get zero weight, rows sum to one,
 fully masked rows are zero and finite, gradients stay finite, no leakage from the future, padding changes
 nothing for real tokens) give the specific messages.
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from attention_course.grading.compare import f64, finite_problem, fmt, matches, row_name, tensor_problem, tuple_problem
 from attention_course.grading.declare import Check, Out, View, second_run
@@ -179,6 +180,24 @@ _MASKED_SOFTMAX = Check(reference=lambda v: _reference_weights(*v.args),
                         properties=(_masked_softmax_problem,))
 
 
+def _masked_attention(scores: Callable[[View], torch.Tensor], mask: Callable[[View], torch.Tensor | None],
+                      values: Callable[[View], torch.Tensor], output: str, weights: str, **steps: Any) -> Check:
+    """A part that returns ``(output, weights)`` of attention with a mask: ``scores``, ``mask`` and ``values``
+    give the reference (float64) for a view; the weights' properties (:func:`_masked_weights`) are checked
+    before the output's finiteness, since a NaN weight is the cause to name. ``steps``: the part's own."""
+    def reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+        w = _reference_weights(scores(v), mask(v))
+        return torch.matmul(w, values(v)), w
+
+    def properties(v: View) -> str | None:
+        return (_masked_weights(v.got.weights, scores(v).to(v.args[0].dtype), mask(v))
+                or finite_problem(v.got.output, "your output"))
+
+    return Check(reference=reference, outputs=(Out("output", output, finite=False), Out("weights", weights,
+                                                                                       finite=False)),
+                 compare=("weights",), properties=(properties,), **steps)
+
+
 # --- part 3: scaled dot-product attention with a mask --------------------------------------------------
 def _attention_cases(g: torch.Generator) -> list[Case]:
     def qkv(*lead: int, lq: int, lk: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
@@ -214,14 +233,6 @@ def _sdpa_scores(v: View) -> torch.Tensor:
     return torch.matmul(v.x[0], v.x[1].transpose(-2, -1)) / math.sqrt(v.x[0].shape[-1])
 
 
-def _sdpa_weights(v: View) -> str | None:
-    return _masked_weights(v.got.weights, _sdpa_scores(v).to(v.args[0].dtype), v.kwargs["mask"])
-
-
-def _finite_output(v: View) -> str | None:  # after the weights' properties: a NaN weight is the cause to name
-    return finite_problem(v.got.output, "your output")
-
-
 def _zero_rows(v: View, mask: torch.Tensor | None, message: str) -> str | None:
     """The outputs of queries with no allowed key must be all zeros (``message`` names the row)."""
     if mask is None:
@@ -245,13 +256,9 @@ def _gradients(output: Any) -> str | None:
     return None
 
 
-_ATTENTION = Check(
-    reference=lambda v: (F.scaled_dot_product_attention(*v.x, attn_mask=v.kwargs["mask"]),
-                         _reference_weights(_sdpa_scores(v), v.kwargs["mask"])),
-    outputs=(Out("output", "F.scaled_dot_product_attention", finite=False),
-             Out("weights", "the softmax over the allowed keys", finite=False)),
-    compare=("weights",),
-    properties=(_sdpa_weights, _finite_output),
+_ATTENTION = _masked_attention(
+    _sdpa_scores, lambda v: v.kwargs["mask"], lambda v: v.x[2], "F.scaled_dot_product_attention",
+    "the softmax over the allowed keys",
     mistakes=(Mistake(lambda v: torch.softmax(_sdpa_scores(v) * math.sqrt(v.x[0].shape[-1]), dim=-1)
                       if v.kwargs["mask"] is None else None,
                       lambda v: f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = "
@@ -314,10 +321,6 @@ def _zero_diagonal(v: View) -> str | None:
     return None
 
 
-def _causal_weights(v: View) -> str | None:
-    return _masked_weights(v.got.weights, _causal_scores(v).to(v.args[0].dtype), _causal(v.x[0].shape[-2]))
-
-
 def _first_token(v: View) -> str | None:
     if not torch.allclose(f64(v.got.output)[..., 0, :], _projected(v)[2][..., 0, :], atol=1e-5):
         return "the first token can only attend to itself, so its output must equal its own value x_1 W_V"
@@ -340,19 +343,11 @@ def _no_leakage(v: View, output: str = "output") -> str | None:
     return None
 
 
-def _causal_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
-    weights = _reference_weights(_causal_scores(v), _causal(v.x[0].shape[-2]))
-    return torch.matmul(weights, _projected(v)[2]), weights
-
-
-_CAUSAL = Check(
-    reference=_causal_reference,
-    outputs=(Out("output", "causal attention weights @ V", finite=False),
-             Out("weights", "the causal softmax", finite=False)),
-    compare=("weights",),
+_CAUSAL = _masked_attention(
+    _causal_scores, lambda v: _causal(v.x[0].shape[-2]), lambda v: _projected(v)[2], "causal attention weights @ V",
+    "the causal softmax",
     unpack=second_run("future", "alone"),
     before=(_zero_diagonal,),
-    properties=(_causal_weights, _finite_output),
     explain=(_first_token,),
     after=(lambda v: _no_leakage(v, "pair"),),
 )
