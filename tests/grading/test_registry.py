@@ -22,7 +22,7 @@ from attention_course.grading.compare import (
     tuple_problem,
     value_error_problem,
 )
-from attention_course.grading.declare import Check, Out, distribution
+from attention_course.grading.declare import Check, Out, distribution, second_run
 from attention_course.grading.exercises import exercise_ids, get_exercise
 from attention_course.grading.findings import FailureKind, Finding, kind_of
 from attention_course.grading.judge import judge_case, judge_part
@@ -162,6 +162,21 @@ def test_a_declared_check_says_why_a_case_failed(answer, kind):
     case = part.make_cases(torch.Generator().manual_seed(0))[0]
     verdict = judge_case(part, case, {"status": "ok", "value": answer(case.args[0].clone())})
     assert verdict.kind is kind, verdict
+
+
+def test_second_run_judges_the_first_output_and_sets_the_second_aside():
+    def reordered(v):  # the second run (if any) saw the rows in reverse order
+        return None if v.extra is None or torch.equal(v.extra, v.got.output.flip(0)) else "not reordered"
+
+    check = Check(reference=lambda v: 2 * v.x[0], outputs=(Out("output", "2 x"),), unpack=second_run("flip"),
+                  after=(reordered,))
+    x = torch.arange(6.0).reshape(3, 2)
+    once, switched_off, twice = Case("c", (x,)), Case("c", (x,), data={"flip": False}), Case("c", (x,), data={"flip": 1})
+    assert check(once, 2 * x) is None and check(switched_off, 2 * x) is None
+    assert check(twice, (2 * x, (2 * x).flip(0))) is None
+    assert check(twice, (2 * x, 2 * x)) == "not reordered"
+    assert kind_of(check(twice, (3 * x, (3 * x).flip(0)))) is FailureKind.MISMATCH  # the first output is judged
+    assert kind_of(check(twice, 2 * x)) is FailureKind.TYPE  # one output where the run gives two
 
 
 def test_judge_types_errors_refusals_and_unwritten_parts():

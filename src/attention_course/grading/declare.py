@@ -43,7 +43,7 @@ from attention_course.grading.compare import (
 from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import Case, Mistake, diagnose
 
-__all__ = ["Check", "Out", "View", "distribution", "mistakes_on"]
+__all__ = ["Check", "Out", "View", "distribution", "mistakes_on", "second_run"]
 
 Step = Callable[["View"], str | None]
 
@@ -144,6 +144,21 @@ def mistakes_on(table: Sequence[Mistake], inputs: Callable[[View], tuple], on: s
         return lambda v: mistake.message(*inputs(v))
 
     return tuple(Mistake(lambda v, m=m: m.variant(*inputs(v)), message(m), on=on or m.on) for m in table)
+
+
+def second_run(*keys: str, message: str = "your output could not be read") -> Step:
+    """An ``unpack`` step for a part whose ``run`` calls the learner's function a second time on the cases
+    that have one of ``keys`` in ``case.data`` (changed future tokens, reordered inputs; a key set to
+    ``False`` does not count) and returns ``(first, second)``: the first output is judged as usual, the second
+    is set aside in ``View.extra`` for a step that compares the two (an invariance). ``message``: what a
+    malformed pair is told."""
+    def step(view: View) -> str | None:
+        if any(view.data.get(key, False) is not False for key in keys):
+            if not isinstance(view.output, (tuple, list)) or len(view.output) != 2:
+                return message
+            view.output, view.extra = view.output
+        return None
+    return step
 
 
 @dataclass(frozen=True)

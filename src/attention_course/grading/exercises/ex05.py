@@ -6,30 +6,25 @@ key, scaled dot-product attention with a mask, causal self-attention (the causal
 self-attention over a padded batch (causal and padding masks combined).
 
 References are computed in float64 in the checking process from PyTorch (``torch.softmax`` over the allowed
-keys, ``F.scaled_dot_product_attention``); properties (blocked keys get zero weight, rows sum to one,
+keys, times the values: what ``F.scaled_dot_product_attention`` gives, and zero for a query with no allowed
+key); properties (blocked keys get zero weight, rows sum to one,
 fully masked rows are zero and finite, gradients stay finite, no leakage from the future, padding changes
 nothing for real tokens) give the specific messages.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from attention_course.grading.compare import (
-    close_problem,
-    f64,
-    finite_problem,
-    first_problem,
-    fmt,
-    row_name,
-    tensor_problem,
-    tuple_problem,
-)
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
+from attention_course.grading.compare import f64, finite_problem, fmt, matches, row_name, tensor_problem, tuple_problem
+from attention_course.grading.declare import Check, Out, View, second_run
+from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -66,29 +61,46 @@ def _scores_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_scores(case: Case, output: Any) -> str | None:
-    Q, K = case.args
-    raw = torch.matmul(f64(Q), f64(K).transpose(-2, -1))
-    d_k = Q.shape[-1]
-    expected = raw / math.sqrt(d_k)
-    problem = tensor_problem(output, "your scores", expected.shape)
-    if problem:
-        if isinstance(output, torch.Tensor) and tuple(output.shape) == (*expected.shape[:-2], expected.shape[-1],
-                                                                        expected.shape[-2]):
-            return problem + ": one row per query and one column per key, Q @ K.transpose(-2, -1)"
-        return problem
-    actual = f64(output)
-    if not torch.allclose(actual, expected, atol=1e-5, rtol=1e-4) and d_k > 1:
-        variance = f" (their variance is {fmt(float(actual.var()))})" if case.data.get("variance") else ""
-        if torch.allclose(actual, raw, atol=1e-4, rtol=1e-4):
-            return f"your scores are Q Kᵀ without the factor 1/sqrt(d_k){variance}; divide by sqrt({d_k})"
-        if torch.allclose(actual, raw / d_k, atol=1e-5, rtol=1e-4):
-            return f"your scores are divided by d_k = {d_k}{variance}; divide by sqrt(d_k) instead"
-    if case.data.get("variance"):
-        variance = float(actual.var())
-        if not 0.8 < variance < 1.25:
-            return f"with unit-variance inputs your scores have variance {fmt(variance)}; scaled scores have about 1"
-    return close_problem(output, expected, "your scores", "Q Kᵀ / sqrt(d_k)")
+def _raw_scores(v: View) -> torch.Tensor:
+    return torch.matmul(v.x[0], v.x[1].transpose(-2, -1))
+
+
+def _transposed_scores(v: View) -> str | None:
+    want = v.want.scores
+    if isinstance(v.output, torch.Tensor) and want.dim() >= 2 and want.shape[-1] != want.shape[-2] and \
+            tuple(v.output.shape) == (*want.shape[:-2], want.shape[-1], want.shape[-2]):
+        return (tensor_problem(v.output, "your scores", want.shape)
+                + ": one row per query and one column per key, Q @ K.transpose(-2, -1)")
+    return None
+
+
+def _variance_note(v: View) -> str:
+    return f" (their variance is {fmt(float(f64(v.got.scores).var()))})" if v.data.get("variance") else ""
+
+
+def _unit_variance(v: View) -> str | None:
+    variance = float(f64(v.got.scores).var()) if v.data.get("variance") else 1.0
+    if not 0.8 < variance < 1.25:
+        return Finding(f"with unit-variance inputs your scores have variance {fmt(variance)}; scaled scores have "
+                       "about 1", FailureKind.PROPERTY)
+    return None
+
+
+_SCORES = Check(
+    reference=lambda v: _raw_scores(v) / math.sqrt(v.x[0].shape[-1]),
+    outputs=(Out("scores", "Q Kᵀ / sqrt(d_k)"),),
+    before=(_transposed_scores,),
+    mistakes=(
+        Mistake(lambda v: _raw_scores(v) if v.x[0].shape[-1] > 1 else None,
+                lambda v: f"your scores are Q Kᵀ without the factor 1/sqrt(d_k){_variance_note(v)}; divide by "
+                f"sqrt({v.x[0].shape[-1]})", on="scores"),
+        Mistake(lambda v: _raw_scores(v) / v.x[0].shape[-1] if v.x[0].shape[-1] > 1 else None,
+                lambda v: f"your scores are divided by d_k = {v.x[0].shape[-1]}{_variance_note(v)}; divide by "
+                "sqrt(d_k) instead", on="scores"),
+    ),
+    matches=functools.partial(matches, atol=1e-4, rtol=1e-4),
+    explain=(_unit_variance,),
+)
 
 
 # --- part 2: the masked softmax ------------------------------------------------------------------------
@@ -113,33 +125,32 @@ def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _weights_problem(weights: Any, scores: torch.Tensor, mask: torch.Tensor | None, what: str = "your weights",
-                     reference: str = "the softmax over the allowed keys") -> str | None:
-    """Everything a masked weight tensor must satisfy, with a specific message for each usual mistake."""
+def _masked_weights(weights: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None,
+                    what: str = "your weights") -> str | None:
+    """The properties of masked attention weights (of the right shape), each usual mistake with its message:
+    NaN for a query with no allowed key, the inverted mask, weight on a blocked key, rows that do not sum to
+    one (masking after the softmax), a changed dtype."""
     expected = _reference_weights(scores, mask)
-    problem = tensor_problem(weights, what, expected.shape)
-    if problem:
-        return problem
     allowed = torch.ones_like(expected, dtype=torch.bool) if mask is None else mask.expand(expected.shape)
     has_key = allowed.any(dim=-1)
     nan_rows = torch.isnan(weights).any(dim=-1)
     if (nan_rows & ~has_key).any():
         index = (nan_rows & ~has_key).nonzero()[0].tolist()
-        return (f"{row_name(index)} of {what} is NaN: that query has no allowed key, and masking with -inf gives "
-                "0/0. Fill blocked scores with a finite number (torch.finfo(scores.dtype).min) and set such rows "
-                "to zero")
+        return Finding(f"{row_name(index)} of {what} is NaN: that query has no allowed key, and masking with -inf "
+                       "gives 0/0. Fill blocked scores with a finite number (torch.finfo(scores.dtype).min) and set "
+                       "such rows to zero", FailureKind.NOT_FINITE)
     problem = finite_problem(weights, what)
     if problem:
         return problem
     w = f64(weights)
     if mask is not None and not allowed.all():
         # Compare on the rows where both the mask and its inverse allow some key (the others are ambiguous).
-        inverted_allowed = ~allowed
-        both = has_key & inverted_allowed.any(dim=-1)
+        both = has_key & (~allowed).any(dim=-1)
         inverted = _reference_weights(scores, ~mask)
         if both.any() and torch.allclose(w[both], inverted[both], atol=1e-5) and not torch.allclose(
                 w[both], expected[both], atol=1e-5):
-            return f"{what} follow the inverted mask: in this course True means 'may attend', False means blocked"
+            return Finding(f"{what} follow the inverted mask: in this course True means 'may attend', False means "
+                           "blocked", FailureKind.KNOWN_MISTAKE)
     leaked = (w.abs() > 1e-6) & ~allowed
     if leaked.any():
         index = leaked.nonzero()[0].tolist()
@@ -155,13 +166,36 @@ def _weights_problem(weights: Any, scores: torch.Tensor, mask: torch.Tensor | No
         return (f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1: mask the "
                 "scores before the softmax (zeroing weights after it leaves rows that do not sum to one)")
     if weights.dtype != scores.dtype:
-        return f"expected {what} to keep the dtype of the scores ({scores.dtype}), got {weights.dtype}"
-    return close_problem(weights, expected, what, reference)
+        return Finding(f"expected {what} to keep the dtype of the scores ({scores.dtype}), got {weights.dtype}",
+                       FailureKind.DTYPE)
+    return None
 
 
-def _verify_masked_softmax(case: Case, output: Any) -> str | None:
-    scores, mask = case.args
-    return _weights_problem(output, scores, mask)
+def _masked_softmax_problem(v: View) -> str | None:
+    return _masked_weights(v.got.weights, *v.args)
+
+
+_MASKED_SOFTMAX = Check(reference=lambda v: _reference_weights(*v.args),
+                        outputs=(Out("weights", "the softmax over the allowed keys", finite=False),),
+                        properties=(_masked_softmax_problem,))
+
+
+def _masked_attention(scores: Callable[[View], torch.Tensor], mask: Callable[[View], torch.Tensor | None],
+                      values: Callable[[View], torch.Tensor], output: str, weights: str, **steps: Any) -> Check:
+    """A part that returns ``(output, weights)`` of attention with a mask: ``scores``, ``mask`` and ``values``
+    give the reference (float64) for a view; the weights' properties (:func:`_masked_weights`) are checked
+    before the output's finiteness, since a NaN weight is the cause to name. ``steps``: the part's own."""
+    def reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+        w = _reference_weights(scores(v), mask(v))
+        return torch.matmul(w, values(v)), w
+
+    def properties(v: View) -> str | None:
+        return (_masked_weights(v.got.weights, scores(v).to(v.args[0].dtype), mask(v))
+                or finite_problem(v.got.output, "your output"))
+
+    return Check(reference=reference, outputs=(Out("output", output, finite=False), Out("weights", weights,
+                                                                                       finite=False)),
+                 compare=("weights",), properties=(properties,), **steps)
 
 
 # --- part 3: scaled dot-product attention with a mask --------------------------------------------------
@@ -195,50 +229,47 @@ def _run_attention(obj: Any, case: Case) -> Any:
     return tuple(None if t.grad is None else t.grad.detach() for t in inputs)
 
 
+def _sdpa_scores(v: View) -> torch.Tensor:
+    return torch.matmul(v.x[0], v.x[1].transpose(-2, -1)) / math.sqrt(v.x[0].shape[-1])
+
+
+def _zero_rows(v: View, mask: torch.Tensor | None, message: str) -> str | None:
+    """The outputs of queries with no allowed key must be all zeros (``message`` names the row)."""
+    if mask is None:
+        return None
+    has_key = mask.expand(*v.want.output.shape[:-1], mask.shape[-1]).any(dim=-1)
+    rows = f64(v.got.output)[~has_key]
+    if not torch.equal(rows, torch.zeros_like(rows)):
+        return message.format(row=row_name((~has_key).nonzero()[0].tolist()))
+    return None
+
+
+def _gradients(output: Any) -> str | None:
+    if not isinstance(output, tuple) or len(output) != 3:
+        return "the gradients could not be computed: return (output, weights) with output a tensor"
+    for name, grad in zip(("query", "key", "value"), output):
+        if grad is None:
+            return f"no gradient reached the {name}: compute the output from Q, K and V with torch operations"
+        problem = finite_problem(grad, f"the gradient of the {name}")
+        if problem:
+            return problem + ": a fully masked row must not produce NaN anywhere, even in the backward pass"
+    return None
+
+
+_ATTENTION = _masked_attention(
+    _sdpa_scores, lambda v: v.kwargs["mask"], lambda v: v.x[2], "F.scaled_dot_product_attention",
+    "the softmax over the allowed keys",
+    mistakes=(Mistake(lambda v: torch.softmax(_sdpa_scores(v) * math.sqrt(v.x[0].shape[-1]), dim=-1)
+                      if v.kwargs["mask"] is None else None,
+                      lambda v: f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = "
+                      f"{v.x[0].shape[-1]})", on="weights"),),
+    explain=(lambda v: _zero_rows(v, v.kwargs["mask"], "the output of {row} (a query with no allowed key) must be "
+                                  "all zeros"),),
+)
+
+
 def _verify_attention(case: Case, output: Any) -> str | None:
-    Q, K, V = case.args
-    mask = case.kwargs["mask"]
-    if case.data.get("gradients"):
-        if not isinstance(output, tuple) or len(output) != 3:
-            return "the gradients could not be computed: return (output, weights) with output a tensor"
-        for name, grad in zip(("query", "key", "value"), output):
-            if grad is None:
-                return f"no gradient reached the {name}: compute the output from Q, K and V with torch operations"
-            problem = finite_problem(grad, f"the gradient of the {name}")
-            if problem:
-                return problem + ": a fully masked row must not produce NaN anywhere, even in the backward pass"
-        return None
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (output, weights)"
-    out, weights = output
-    scores = torch.matmul(f64(Q), f64(K).transpose(-2, -1)) / math.sqrt(Q.shape[-1])
-    expected_w = _reference_weights(scores, mask)
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and mask is None:
-        unscaled = torch.softmax(scores * math.sqrt(Q.shape[-1]), dim=-1)
-        if torch.allclose(f64(weights), unscaled, atol=1e-5) and not torch.allclose(f64(weights), expected_w,
-                                                                                      atol=1e-5):
-            return f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = {Q.shape[-1]})"
-    expected_out = torch.matmul(expected_w, f64(V))
-    reference = F.scaled_dot_product_attention(f64(Q), f64(K), f64(V), attn_mask=mask)
-    has_key = torch.ones(expected_w.shape[:-1], dtype=torch.bool) if mask is None else \
-        mask.expand(expected_w.shape).any(dim=-1)
-
-    def zero_rows() -> str | None:
-        if has_key.all():
-            return None
-        rows = f64(out)[~has_key]
-        if not torch.equal(rows, torch.zeros_like(rows)):
-            index = (~has_key).nonzero()[0].tolist()
-            return f"the output of {row_name(index)} (a query with no allowed key) must be all zeros"
-        return None
-
-    return first_problem(
-        lambda: _weights_problem(weights, scores.to(Q.dtype), mask),
-        lambda: tensor_problem(out, "your output", expected_out.shape),
-        lambda: finite_problem(out, "your output"),
-        zero_rows,
-        lambda: close_problem(out, reference, "your output", "F.scaled_dot_product_attention"),
-    )
+    return _gradients(output) if case.data.get("gradients") else _ATTENTION(case, output)
 
 
 # --- part 4: causal self-attention ---------------------------------------------------------------------
@@ -267,54 +298,59 @@ def _run_causal(obj: Any, case: Case) -> Any:
     return obj(X.clone(), *weights, **kwargs), obj(changed, *weights, **kwargs)
 
 
-def _verify_causal(case: Case, output: Any) -> str | None:
-    X, W_Q, W_K, W_V = case.args
-    changed = None
-    if "future" in case.data:
-        if not isinstance(output, tuple) or len(output) != 2:
-            return "your output could not be read"
-        output, changed = output
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (output, weights)"
-    out, weights = output
-    length = X.shape[-2]
-    Q, K, V = (torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V))
-    scores = torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
-    expected_w = _reference_weights(scores, causal)
+def _projected(v: View) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V = X W_Q, X W_K, X W_V (float64) for a case (X, W_Q, W_K, W_V, ...)."""
+    X, *weights = v.x
+    return tuple(torch.matmul(X, W) for W in weights[-3:])
 
-    def first_token() -> str | None:
-        if not torch.allclose(f64(out)[..., 0, :], V[..., 0, :], atol=1e-5):
-            return "the first token can only attend to itself, so its output must equal its own value x_1 W_V"
+
+def _causal(length: int) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril()
+
+
+def _causal_scores(v: View) -> torch.Tensor:
+    Q, K, _ = _projected(v)
+    return torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+
+
+def _zero_diagonal(v: View) -> str | None:
+    weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
+    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(v.want.weights.shape) and bool(
+            (torch.diagonal(f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
+        return "the diagonal of your weights is zero: a token may attend to itself (j = i is allowed)"
+    return None
+
+
+def _first_token(v: View) -> str | None:
+    if not torch.allclose(f64(v.got.output)[..., 0, :], _projected(v)[2][..., 0, :], atol=1e-5):
+        return "the first token can only attend to itself, so its output must equal its own value x_1 W_V"
+    return None
+
+
+def _no_leakage(v: View, output: str = "output") -> str | None:
+    """The case's second run changed tokens 4 and 5 (``extra``): the outputs of tokens 1 to 3 must not move."""
+    if "future" not in v.data:
         return None
+    problem = tuple_problem(v.extra, "output", "weights") if output == "pair" else None
+    changed = v.extra if problem or output != "pair" else v.extra[0]
+    problem = problem or tensor_problem(changed, "your output", v.got.output.shape)
+    if problem:
+        return problem
+    gap = float((f64(changed)[..., :3, :] - f64(v.got.output)[..., :3, :]).abs().max())
+    if not gap <= 1e-5:
+        return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
+                "leaks into the past (query i may only attend to keys j <= i)")
+    return None
 
-    def leakage() -> str | None:
-        if changed is None:
-            return None
-        problem = tuple_problem(changed, "output", "weights") or tensor_problem(changed[0], "your output", out.shape)
-        if problem:
-            return problem
-        gap = float((f64(changed[0])[..., :3, :] - f64(out)[..., :3, :]).abs().max())
-        if not gap <= 1e-5:
-            return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
-                    "leaks into the past (query i may only attend to keys j <= i)")
-        return None
 
-    def diagonal() -> str | None:
-        if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(expected_w.shape) and bool(
-                (torch.diagonal(f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
-            return "the diagonal of your weights is zero: a token may attend to itself (j = i is allowed)"
-        return None
-
-    return first_problem(
-        diagonal,
-        lambda: _weights_problem(weights, scores.to(X.dtype), causal, reference="the causal softmax"),
-        lambda: tensor_problem(out, "your output", (*X.shape[:-1], W_V.shape[1])),
-        lambda: finite_problem(out, "your output"),
-        first_token,
-        lambda: close_problem(out, torch.matmul(expected_w, V), "your output", "causal attention weights @ V"),
-        leakage,
-    )
+_CAUSAL = _masked_attention(
+    _causal_scores, lambda v: _causal(v.x[0].shape[-2]), lambda v: _projected(v)[2], "causal attention weights @ V",
+    "the causal softmax",
+    unpack=second_run("future", "alone"),
+    before=(_zero_diagonal,),
+    explain=(_first_token,),
+    after=(lambda v: _no_leakage(v, "pair"),),
+)
 
 
 # --- part 5: causal self-attention over a padded batch -------------------------------------------------
@@ -357,61 +393,40 @@ def _run_decoder(obj: Any, case: Case) -> Any:
     return plain
 
 
-def _decoder_reference(X: torch.Tensor, token_ids: torch.Tensor, pad_id: int, W_Q: torch.Tensor,
-                       W_K: torch.Tensor, W_V: torch.Tensor) -> torch.Tensor:
-    length = X.shape[-2]
-    mask = torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]  # (B, L, L)
-    Q, K, V = (torch.matmul(f64(X), f64(W)) for W in (W_Q, W_K, W_V))
-    weights = _reference_weights(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), mask)
-    return torch.matmul(weights, V)
+def _padded_mask(v: View) -> torch.Tensor:
+    """(B, L, L): causal and not padding (True = may attend)."""
+    token_ids, pad_id = v.args[1], v.args[2]
+    return _causal(token_ids.shape[-1]) & (token_ids != pad_id)[:, None, :]
 
 
-def _verify_decoder(case: Case, output: Any) -> str | None:
-    X, token_ids, pad_id, W_Q, W_K, W_V = case.args
-    expected = _decoder_reference(X, token_ids, pad_id, W_Q, W_K, W_V)
-    extra = None
-    if "future" in case.data or "alone" in case.data:
-        if not isinstance(output, tuple) or len(output) != 2:
-            return "your output could not be read"
-        output, extra = output
-    problem = first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-    )
+def _padded_reference(v: View, mask: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(_reference_weights(_causal_scores(v), mask), _projected(v)[2])
+
+
+def _alone(v: View) -> str | None:
+    if "alone" not in v.data:
+        return None
+    row, n = v.data["alone"]
+    problem = tensor_problem(v.extra, "your output for the sequence alone", (1, n, v.args[-1].shape[1]))
     if problem:
         return problem
-    length = X.shape[-2]
-    causal_only = _reference_weights(
-        torch.matmul(f64(X) @ f64(W_Q), (f64(X) @ f64(W_K)).transpose(-2, -1)) / math.sqrt(W_Q.shape[1]),
-        torch.ones(length, length, dtype=torch.bool).tril()) @ (f64(X) @ f64(W_V))
-    if not torch.allclose(f64(output), expected, atol=1e-5) and torch.allclose(f64(output), causal_only,
-                                                                                   atol=1e-5):
-        return "your output ignores the padding: combine the causal mask with the padding mask (AND) so that no " \
-               "query attends to a padding key"
-    empty = ~(torch.ones(length, length, dtype=torch.bool).tril() & (token_ids != pad_id)[:, None, :]).any(-1)
-    if empty.any():
-        rows = f64(output)[empty]
-        if not torch.equal(rows, torch.zeros_like(rows)):
-            index = empty.nonzero()[0].tolist()
-            return f"the output of {row_name(index)} must be all zeros: causally it sees only padding keys"
-    if "future" in case.data:
-        problem = tensor_problem(extra, "your output", expected.shape)
-        if problem:
-            return problem
-        gap = float((f64(extra)[:, :3] - f64(output)[:, :3]).abs().max())
-        if not gap <= 1e-5:
-            return (f"changing tokens 4 and 5 changed the outputs of tokens 1 to 3 by up to {fmt(gap)}: the future "
-                    "leaks into the past (query i may only attend to keys j <= i)")
-    if "alone" in case.data:
-        row, n = case.data["alone"]
-        problem = tensor_problem(extra, "your output for the sequence alone", (1, n, W_V.shape[1]))
-        if problem:
-            return problem
-        gap = float((f64(extra)[0] - f64(output)[row, :n]).abs().max())
-        if not gap <= 1e-5:
-            return (f"the real tokens of sequence {row} get outputs that differ by up to {fmt(gap)} from those of the "
-                    "same sequence without padding: padding keys must be masked")
-    return close_problem(output, expected, "your output", "causal, padding-masked scaled dot-product attention")
+    gap = float((f64(v.extra)[0] - f64(v.got.output)[row, :n]).abs().max())
+    if not gap <= 1e-5:
+        return (f"the real tokens of sequence {row} get outputs that differ by up to {fmt(gap)} from those of the "
+                "same sequence without padding: padding keys must be masked")
+    return None
+
+
+_PADDED = Check(
+    reference=lambda v: _padded_reference(v, _padded_mask(v)),
+    outputs=(Out("output", "causal, padding-masked scaled dot-product attention"),),
+    unpack=second_run("future", "alone"),
+    mistakes=(Mistake(lambda v: _padded_reference(v, _causal(v.x[0].shape[-2])),
+                      "your output ignores the padding: combine the causal mask with the padding mask (AND) so that "
+                      "no query attends to a padding key"),),
+    explain=(lambda v: _zero_rows(v, _padded_mask(v), "the output of {row} must be all zeros: causally it sees only "
+                                  "padding keys"), _no_leakage, _alone),
+)
 
 
 EXERCISE = Exercise(
@@ -423,13 +438,13 @@ EXERCISE = Exercise(
             name="scaled_scores",
             points=1,
             make_cases=_scores_cases,
-            verify=_verify_scores,
+            verify=_SCORES,
         ),
         Part(
             name="masked_softmax",
             points=2,
             make_cases=_masked_softmax_cases,
-            verify=_verify_masked_softmax,
+            verify=_MASKED_SOFTMAX,
         ),
         Part(
             name="scaled_dot_product_attention",
@@ -442,14 +457,14 @@ EXERCISE = Exercise(
             name="causal_self_attention",
             points=1,
             make_cases=_causal_cases,
-            verify=_verify_causal,
+            verify=_CAUSAL,
             run=_run_causal,
         ),
         Part(
             name="causal_padded_self_attention",
             points=2,
             make_cases=_decoder_cases,
-            verify=_verify_decoder,
+            verify=_PADDED,
             run=_run_decoder,
         ),
     ),

@@ -31,6 +31,7 @@ from attention_course.grading.compare import (
     tensor_problem,
     value_error_problem,
 )
+from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -101,41 +102,35 @@ _ENCODING_MISTAKES = (  # (positions, d_model) -> a wrong table
 )
 
 
-def _verify_encoding(case: Case, output: Any) -> str | None:
-    positions, d = case.args
-    if case.data.get("error"):
-        return value_error_problem(output, (d,), f"d_model = {d} is odd, and the features come in sine/cosine pairs")
-    expected = _encoding(positions, d)
+def _position_zero(v: View) -> str | None:
+    positions, d = v.args
+    zero = (positions == 0).nonzero()
+    if len(zero):
+        row = f64(v.got.encoding[int(zero[0])])
+        if not torch.allclose(row, torch.tensor([0.0, 1.0] * (d // 2), dtype=torch.float64), atol=1e-6):
+            return f"your row for position 0 starts {[round(float(x), 3) for x in row[:6]]}; sin(0) = 0 and " \
+                   "cos(0) = 1, so PE(0) = (0, 1, 0, 1, ...)"
+    return None
 
-    def diagnosis() -> str | None:
-        close = functools.partial(_matches, atol=2e-4)
-        return None if close(output, expected) else diagnose(_ENCODING_MISTAKES, output, positions, d, matches=close)
 
-    def library() -> str | None:
-        # Integer positions are rows of the library's table.
-        if not bool((positions == positions.round()).all()):
-            return None
-        table = sinusoidal_positional_encoding(int(positions.max()) + 1, d, dtype=torch.float64)
-        return close_problem(output, table[positions.long()], "your encoding",
-                             "rows of ac.sinusoidal_positional_encoding", atol=2e-4)
-
-    def position_zero() -> str | None:
-        zero = (positions == 0).nonzero()
-        if len(zero):
-            row = f64(output[int(zero[0])])
-            if not torch.allclose(row, torch.tensor([0.0, 1.0] * (d // 2), dtype=torch.float64), atol=1e-6):
-                return f"your row for position 0 starts {[round(float(v), 3) for v in row[:6]]}; sin(0) = 0 and " \
-                       "cos(0) = 1, so PE(0) = (0, 1, 0, 1, ...)"
+def _library_rows(v: View) -> str | None:
+    positions, d = v.args
+    if not bool((positions == positions.round()).all()):  # integer positions are rows of the library's table
         return None
+    table = sinusoidal_positional_encoding(int(positions.max()) + 1, d, dtype=torch.float64)
+    return close_problem(v.got.encoding, table[positions.long()], "your encoding",
+                         "rows of ac.sinusoidal_positional_encoding", atol=2e-4)
 
-    return first_problem(
-        lambda: tensor_problem(output, "your encoding", expected.shape),
-        lambda: finite_problem(output, "your encoding"),
-        diagnosis,
-        position_zero,
-        library,
-        lambda: close_problem(output, expected, "your encoding", "sin/cos(p / 10000^(2i/d_model))", atol=2e-4),
-    )
+
+_ENCODING = Check(
+    reference=lambda v: _encoding(*v.args),
+    outputs=(Out("encoding", "sin/cos(p / 10000^(2i/d_model))", atol=2e-4),),
+    raises=lambda v: ((v.args[1],), f"d_model = {v.args[1]} is odd, and the features come in sine/cosine pairs")
+    if v.data.get("error") else None,
+    mistakes=mistakes_on(_ENCODING_MISTAKES, lambda v: v.args, on="encoding"),
+    matches=functools.partial(matches, atol=2e-4, rtol=1e-4),
+    explain=(_position_zero, _library_rows),
+)
 
 
 # --- part 2: the dot-product profile -------------------------------------------------------------------
@@ -151,41 +146,38 @@ def _profile_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_profile(case: Case, output: Any) -> str | None:
-    offsets, d = case.args
-    k = f64(offsets).unsqueeze(-1)
-    expected = torch.cos(k * _omega(d)).sum(dim=-1)  # (...,): sum_i cos(omega_i k)
+def _zero_offset(v: View) -> str | None:
+    offsets, d = v.args
+    zero = (offsets == 0).flatten().nonzero()
+    value = float(f64(v.got.profile).flatten()[int(zero[0])]) if len(zero) else d / 2
+    if abs(value - d / 2) > 1e-3:
+        return (f"at offset 0 your value is {fmt(value)}; <PE(p), PE(p)> = sum of d/2 terms sin^2 + cos^2 = "
+                f"d_model / 2 = {d // 2}")
+    return None
 
-    def table_check() -> str | None:
-        # The definition itself: <PE(p), PE(p + k)> from the library table, for the integer offsets.
-        flat_offsets = offsets.flatten().tolist()
-        pe = sinusoidal_positional_encoding(210, d, dtype=torch.float64)
-        flat = f64(output).flatten()
-        for index, offset in enumerate(flat_offsets):
-            if offset != round(offset) or abs(offset) > 100:
-                continue
-            offset = int(offset)
-            p = 103 if offset < 0 else 3
-            dot = float(pe[p] @ pe[p + offset])
-            if abs(float(flat[index]) - dot) > 2e-3:
-                return (f"at offset {offset} your value is {fmt(float(flat[index]))}, but <PE(p), PE(p + {offset})> "
-                        f"computed from the table is {fmt(dot)}")
-        return None
 
-    def zero_offset() -> str | None:
-        zero = (offsets == 0).flatten().nonzero()
-        if len(zero) and abs(float(f64(output).flatten()[int(zero[0])]) - d / 2) > 1e-3:
-            return (f"at offset 0 your value is {fmt(float(f64(output).flatten()[int(zero[0])]))}; "
-                    f"<PE(p), PE(p)> = sum of d/2 terms sin^2 + cos^2 = d_model / 2 = {d // 2}")
-        return None
+def _from_table(v: View) -> str | None:
+    """The definition itself: <PE(p), PE(p + k)> from the library table, for the integer offsets."""
+    offsets, d = v.args
+    pe = sinusoidal_positional_encoding(210, d, dtype=torch.float64)
+    flat = f64(v.got.profile).flatten()
+    for index, offset in enumerate(offsets.flatten().tolist()):
+        if offset != round(offset) or abs(offset) > 100:
+            continue
+        offset = int(offset)
+        p = 103 if offset < 0 else 3
+        dot = float(pe[p] @ pe[p + offset])
+        if abs(float(flat[index]) - dot) > 2e-3:
+            return (f"at offset {offset} your value is {fmt(float(flat[index]))}, but <PE(p), PE(p + {offset})> "
+                    f"computed from the table is {fmt(dot)}")
+    return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your profile", offsets.shape),
-        lambda: finite_problem(output, "your profile", by_rows=False),
-        zero_offset,
-        table_check,
-        lambda: close_problem(output, expected, "your profile", "sum_i cos(omega_i * k)", atol=2e-3),
-    )
+
+_PROFILE = Check(
+    reference=lambda v: torch.cos(v.x[0].unsqueeze(-1) * _omega(v.args[1])).sum(dim=-1),  # sum_i cos(omega_i k)
+    outputs=(Out("profile", "sum_i cos(omega_i * k)", atol=2e-3, by_rows=False),),
+    explain=(_zero_offset, _from_table),
+)
 
 
 # --- part 3: moving along by rotating ------------------------------------------------------------------
@@ -216,43 +208,34 @@ def _rotation_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_rotation(case: Case, output: Any) -> str | None:
-    x, k = case.args
-    d = x.shape[-1]
-    expected = f64(x) @ _rotation(k, d).T  # rows: PE[p] R_kᵀ = PE[p + k]
-
-    def direction() -> str | None:
-        if k != 0 and _matches(output, f64(x) @ _rotation(k, d), atol=1e-5):
-            return (f"your rotation moves backwards, to position p - {k}: rotate each pair (a, b) of features to "
-                    "(a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k")
+def _reaches_positions(v: View) -> str | None:
+    if "positions" not in v.data:
         return None
-
-    def positions() -> str | None:
-        if "positions" not in case.data:
-            return None
-        targets = [p + k for p in case.data["positions"]]
-        pe = sinusoidal_positional_encoding(max(targets) + 1, d, dtype=torch.float64)[targets]
-        for row, (p, target) in enumerate(zip(case.data["positions"], targets)):
-            gap = float((f64(output[row]) - pe[row]).abs().max())
-            if gap > 1e-4:
-                return f"your result for PE({p}) differs from PE({target}) = PE({p} + {k}) by up to {fmt(gap)}"
-        return None
-
-    def lengths() -> str | None:
-        gap = float((f64(output).norm(dim=-1) - f64(x).norm(dim=-1)).abs().max())
+    k, d = v.args[1], v.args[0].shape[-1]
+    targets = [p + k for p in v.data["positions"]]
+    pe = sinusoidal_positional_encoding(max(targets) + 1, d, dtype=torch.float64)[targets]
+    for row, (p, target) in enumerate(zip(v.data["positions"], targets)):
+        gap = float((f64(v.got.result[row]) - pe[row]).abs().max())
         if gap > 1e-4:
-            return f"a rotation keeps lengths, but the length of one of your rows changed by {fmt(gap)}"
-        return None
+            return f"your result for PE({p}) differs from PE({target}) = PE({p} + {k}) by up to {fmt(gap)}"
+    return None
 
-    return first_problem(
-        lambda: tensor_problem(output, "your result", x.shape),
-        lambda: finite_problem(output, "your result"),
-        direction,
-        positions,
-        lengths,
-        lambda: close_problem(output, expected, "your result", "x @ R_kᵀ (every pair rotated by omega_i * k)",
-                              atol=1e-5),
-    )
+
+def _keeps_lengths(v: View) -> str | None:
+    gap = float((f64(v.got.result).norm(dim=-1) - v.x[0].norm(dim=-1)).abs().max())
+    if gap > 1e-4:
+        return f"a rotation keeps lengths, but the length of one of your rows changed by {fmt(gap)}"
+    return None
+
+
+_ROTATION = Check(
+    reference=lambda v: v.x[0] @ _rotation(v.args[1], v.args[0].shape[-1]).T,  # rows: PE[p] R_kᵀ = PE[p + k]
+    outputs=(Out("result", "x @ R_kᵀ (every pair rotated by omega_i * k)"),),
+    mistakes=(Mistake(lambda v: v.x[0] @ _rotation(v.args[1], v.args[0].shape[-1]) if v.args[1] else None,
+                      lambda v: f"your rotation moves backwards, to position p - {v.args[1]}: rotate each pair (a, b) "
+                      "of features to (a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k", on="result"),),
+    explain=(_reaches_positions, _keeps_lengths),
+)
 
 
 # --- part 4: embeddings plus positions, then dropout ---------------------------------------------------
@@ -337,20 +320,20 @@ EXERCISE = Exercise(
             name="sinusoidal_encoding",
             points=2,
             make_cases=_encoding_cases,
-            verify=_verify_encoding,
+            verify=_ENCODING,
             run=call_expecting_error,
         ),
         Part(
             name="offset_similarity",
             points=1,
             make_cases=_profile_cases,
-            verify=_verify_profile,
+            verify=_PROFILE,
         ),
         Part(
             name="shift_by_rotation",
             points=2,
             make_cases=_rotation_cases,
-            verify=_verify_rotation,
+            verify=_ROTATION,
         ),
         Part(
             name="embed_with_positions",

@@ -9,6 +9,7 @@ the real tokens and then applies a linear layer.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -19,19 +20,18 @@ from attention_course.grading.compare import (
     close_f64,
     close_problem,
     f64,
-    finite_problem,
-    first_problem,
     fmt,
     fmt_shape,
     tensor_problem,
 )
+from attention_course.grading.declare import Check, Out, View, mistakes_on, second_run
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
+    call_expecting_error,
     call_function,
-    diagnose,
     permutation,
     preamble,
     randn,
@@ -65,18 +65,10 @@ def _ffn_cases(g: torch.Generator) -> list[Case]:
 
 
 def _run_ffn(obj: Any, case: Case) -> Any:
-    if "error" in case.data:
-        try:
-            result = call_function(obj, case)
-        except NotImplementedError:
-            raise  # "not attempted yet", not a wrong answer
-        except Exception as error:  # noqa: BLE001  (what was raised is the answer here; verify judges it)
-            return {"raised": type(error).__name__, "message": str(error)[:500]}
-        return {"returned": result}
-    if "perm" in case.data:
-        (x, *weights), _ = case.fresh_args()
-        return call_function(obj, case), obj(x[case.data["perm"]].clone(), *weights)
-    return call_function(obj, case)
+    if "perm" not in case.data:
+        return call_expecting_error(obj, case)
+    (x, *weights), _ = case.fresh_args()
+    return call_function(obj, case), obj(x[case.data["perm"]].clone(), *weights)
 
 
 def _reference_ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor,
@@ -92,49 +84,29 @@ _FFN_MISTAKES = (  # (x, W1, b1, W2, b2) -> a wrong FFN output
 )
 
 
-def _verify_ffn(case: Case, output: Any) -> str | None:
-    x, W1, b1, W2, b2 = case.args
-    if "error" in case.data:
-        numbers = case.data["error"]
-        if not isinstance(output, dict) or "raised" not in output:
-            return ("expected a ValueError (the FFN's output must have width d_model, and W1 must match x's "
-                    "features), but your function returned normally")
-        if output["raised"] != "ValueError":
-            return f"expected a ValueError, got {output['raised']}: {output['message']}"
-        missing = [str(n) for n in numbers if str(n) not in output["message"]]
-        if missing:
-            return (f"your ValueError should name the two sizes that disagree ({numbers[0]} and {numbers[1]}); "
-                    f"its message was: {output['message']!r}")
+def _position_wise(v: View) -> str | None:
+    if v.extra is None:
         return None
-    permuted = None
-    if "perm" in case.data:
-        if not isinstance(output, tuple) or len(output) != 2:
-            return f"expected a tensor, got {type(output).__name__}"
-        output, permuted = output
-    expected = _reference_ffn(x, W1, b1, W2, b2)
+    problem = tensor_problem(v.extra, "your output", v.want.output.shape)
+    if problem:
+        return problem
+    gap = float((f64(v.extra) - f64(v.got.output)[v.data["perm"]]).abs().max())
+    if not gap <= 1e-4:
+        return (f"reordering the input positions should reorder your outputs the same way (the FFN treats every "
+                f"position alone), but they differ by up to {fmt(gap)}")
+    return None
 
-    def diagnosis() -> str | None:
-        return None if close_f64(output, expected) else diagnose(_FFN_MISTAKES, output, *case.args, matches=close_f64)
 
-    def position_wise() -> str | None:
-        if permuted is None:
-            return None
-        problem = tensor_problem(permuted, "your output", expected.shape)
-        if problem:
-            return problem
-        gap = float((f64(permuted) - f64(output)[case.data["perm"]]).abs().max())
-        if not gap <= 1e-4:
-            return (f"reordering the input positions should reorder your outputs the same way (the FFN treats every "
-                    f"position alone), but they differ by up to {fmt(gap)}")
-        return None
-
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-        diagnosis,
-        lambda: close_problem(output, expected, "your output", "relu(x @ W1 + b1) @ W2 + b2"),
-        position_wise,
-    )
+_FFN = Check(
+    reference=lambda v: _reference_ffn(*v.x),
+    outputs=(Out("output", "relu(x @ W1 + b1) @ W2 + b2"),),
+    raises=lambda v: (v.data["error"], "the FFN's output must have width d_model, and W1 must match x's features")
+    if "error" in v.data else None,
+    unpack=second_run("perm", message="expected a tensor"),
+    mistakes=mistakes_on(_FFN_MISTAKES, lambda v: v.x),
+    matches=close_f64,
+    after=(_position_wise,),
+)
 
 
 # --- part 2: linear_to_conv1d ------------------------------------------------------------------------
@@ -163,32 +135,36 @@ def _run_conv(obj: Any, case: Case) -> Any:
     return {"kernel": kernel, "bias": bias, "applied": applied}
 
 
-def _verify_conv(case: Case, output: Any) -> str | None:
-    W, b = case.args
-    d_in, d_out = W.shape
-    if not isinstance(output, dict) or "kernel" not in output:
+def _unpack_conv(v: View) -> str | None:
+    if not isinstance(v.output, dict) or "kernel" not in v.output:
         return "expected a tuple (kernel, bias)"
-    kernel, bias = output["kernel"], output["bias"]
-    expected = f64(case.data["x"]) @ f64(W) + f64(b)
+    v.output, v.extra = (v.output["kernel"], v.output["bias"]), v.output["applied"]
+    return None
 
-    def kernel_shape() -> str | None:
-        problem = tensor_problem(kernel, "your kernel", (d_out, d_in, 1))
-        if problem and isinstance(kernel, torch.Tensor) and tuple(kernel.shape) == (d_in, d_out, 1):
-            return (f"your kernel has shape {fmt_shape(kernel.shape)}; nn.Conv1d kernels are (out_channels, "
-                    f"in_channels, kernel_size) = {fmt_shape((d_out, d_in, 1))}: transpose W first")
-        return problem
 
-    def applied() -> str | None:
-        result = output["applied"]
-        if isinstance(result, str):
-            return f"F.conv1d with your kernel and bias raised {result}"
-        return close_problem(result, expected, "conv1d with your kernel", "x @ W + b at every position")
+def _kernel_transposed(v: View) -> str | None:
+    d_in, d_out = v.args[0].shape
+    kernel = v.output[0]
+    if isinstance(kernel, torch.Tensor) and d_in != d_out and tuple(kernel.shape) == (d_in, d_out, 1):
+        return (f"your kernel has shape {fmt_shape(kernel.shape)}; nn.Conv1d kernels are (out_channels, "
+                f"in_channels, kernel_size) = {fmt_shape((d_out, d_in, 1))}: transpose W first")
+    return None
 
-    return first_problem(
-        kernel_shape,
-        lambda: tensor_problem(bias, "your bias", (d_out,)),
-        applied,
-    )
+
+def _applied(v: View) -> str | None:
+    if isinstance(v.extra, str):
+        return f"F.conv1d with your kernel and bias raised {v.extra}"
+    return close_problem(v.extra, f64(v.data["x"]) @ v.x[0] + v.x[1], "conv1d with your kernel",
+                         "x @ W + b at every position")
+
+
+_CONV = Check(
+    reference=lambda v: (v.x[0].T[..., None], v.x[1]),  # judged by their effect (``_applied``), not compared
+    outputs=(Out("kernel"), Out("bias")),
+    unpack=_unpack_conv,
+    before=(_kernel_transposed,),
+    explain=(_applied,),
+)
 
 
 # --- part 3: the encoder layer -------------------------------------------------------------------------
@@ -252,69 +228,63 @@ def _run_encoder_layer(obj: Any, case: Case) -> Any:
         return {"count": count, "output": module(x, mask), "again": module(x, mask)}
 
 
-def _reference_encoder_layer(case: Case, mask: torch.Tensor | None, norm_first: bool | None = None) -> torch.Tensor:
-    d_model, num_heads, d_ff, dropout, config_norm_first = case.data["config"]
+def _reference_encoder_layer(v: View, mask: torch.Tensor | None, norm_first: bool | None = None) -> torch.Tensor:
+    d_model, num_heads, d_ff, dropout, config_norm_first = v.data["config"]
     layer = _torch_layer(d_model, num_heads, d_ff, dropout, config_norm_first if norm_first is None else norm_first)
-    layer.load_state_dict(case.data["torch_state"])
-    layer = layer.double().eval()
-    x = f64(case.args[0])
+    layer.load_state_dict(v.data["torch_state"])
     padding = None if mask is None else ~mask[:, 0, 0, :]  # PyTorch marks padding with True
     with torch.no_grad():
-        return layer(x, src_key_padding_mask=padding)
+        return layer.double().eval()(v.x[0], src_key_padding_mask=padding)
 
 
-def _verify_encoder_layer(case: Case, output: Any) -> str | None:
-    d_model, num_heads, d_ff, dropout, norm_first = case.data["config"]
-    x, mask = case.args
-    if not isinstance(output, dict) or "count" not in output:
-        return f"expected your layer to return a tensor, got {type(output).__name__}"
+def _unpack_layer(v: View) -> str | None:
+    if not isinstance(v.output, dict) or "count" not in v.output:
+        return f"expected your layer to return a tensor, got {type(v.output).__name__}"
+    if "load_error" in v.output:
+        return ("the check could not load nn.TransformerEncoderLayer's weights into your layer; use the attribute "
+                "names of the task (self_attention, feed_forward, norm1, norm2). PyTorch said: "
+                + v.output["load_error"].split("\n")[0][:300])
+    v.output, v.extra = v.output.get("output"), v.output
+    return None
+
+
+def _parameter_count(v: View) -> str | None:
+    d_model, _, d_ff, _, _ = v.data["config"]
     formula = 4 * d_model**2 + 4 * d_model + 2 * d_model * d_ff + d_ff + d_model + 4 * d_model
+    if v.extra["count"] != formula:
+        return (f"your layer has {v.extra['count']} parameters; an encoder layer with d_model={d_model}, "
+                f"d_ff={d_ff} has 4d² + 4d (attention) + 2·d·d_ff + d_ff + d (FFN) + 4d (two LayerNorms) "
+                f"= {formula}")
+    return None
 
-    def loaded() -> str | None:
-        if "load_error" in output:
-            return ("the check could not load nn.TransformerEncoderLayer's weights into your layer; use the "
-                    "attribute names of the task (self_attention, feed_forward, norm1, norm2). PyTorch said: "
-                    + output["load_error"].split("\n")[0][:300])
-        return None
 
-    def count() -> str | None:
-        if output["count"] != formula:
-            return (f"your layer has {output['count']} parameters; an encoder layer with d_model={d_model}, "
-                    f"d_ff={d_ff} has 4d² + 4d (attention) + 2·d·d_ff + d_ff + d (FFN) + 4d (two LayerNorms) "
-                    f"= {formula}")
-        return None
+def _dropout_applied(v: View) -> str | None:
+    again = v.extra.get("again")
+    if isinstance(again, torch.Tensor) and torch.equal(again, v.got.output):
+        return ("in training mode (with the dropout inside attention and the FFN switched off) two calls "
+                "gave the same output: apply dropout to each sub-layer's output, before the residual add")
+    return None
 
-    out = output.get("output")
 
-    def values() -> str | None:
-        if case.data["mode"] == "train":
-            again = output.get("again")
-            if isinstance(again, torch.Tensor) and torch.equal(again, out):
-                return ("in training mode (with the dropout inside attention and the FFN switched off) two calls "
-                        "gave the same output: apply dropout to each sub-layer's output, before the residual add")
-            return None
-        expected = _reference_encoder_layer(case, mask)
-        if close_f64(out, expected):
-            return None
-        mistakes = (
-            Mistake(lambda: _reference_encoder_layer(case, mask, norm_first=not norm_first),
-                    f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but "
-                    f"norm_first={norm_first}"),
-            Mistake(lambda: None if mask is None else _reference_encoder_layer(case, None),
-                    "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
-                    "so that no token attends to padding"),
-        )
-        return diagnose(mistakes, out, matches=close_f64) or close_problem(
-            out, expected, "your output (evaluation mode)", "nn.TransformerEncoderLayer with the same weights",
-            atol=1e-4, rtol=1e-3)
+def _norm_order(v: View) -> str:
+    norm_first = v.data["config"][4]
+    return f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but norm_first={norm_first}"
 
-    return first_problem(
-        loaded,
-        lambda: tensor_problem(out, "your output", x.shape),
-        lambda: finite_problem(out, "your output"),
-        count,
-        values,
-    )
+
+_ENCODER_LAYER = Check(
+    # In training mode the output is random: it is its own reference, and _dropout_applied judges it.
+    reference=lambda v: v.output if v.data["mode"] == "train" else _reference_encoder_layer(v, v.args[1]),
+    outputs=(Out("output", "nn.TransformerEncoderLayer with the same weights (evaluation mode)", atol=1e-4, rtol=1e-3,
+                 shape=lambda v: v.args[0].shape),),
+    unpack=_unpack_layer,
+    properties=(_parameter_count, _dropout_applied),
+    mistakes=(Mistake(lambda v: _reference_encoder_layer(v, v.args[1], norm_first=not v.data["config"][4]),
+                      _norm_order),
+              Mistake(lambda v: None if v.args[1] is None else _reference_encoder_layer(v, None),
+                      "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
+                      "so that no token attends to padding")),
+    matches=close_f64,
+)
 
 
 # --- part 4: the classifier head ---------------------------------------------------------------------
@@ -356,59 +326,59 @@ def _run_head(obj: Any, case: Case) -> Any:
     return {"parameters": parameters, "output": first, "again": second}
 
 
-def _verify_head(case: Case, output: Any) -> str | None:
-    d_model, num_classes, pooling = case.data["config"]
-    states, keep = case.args
-    weight, bias = f64(case.data["weight"]), f64(case.data["bias"])
-    if not isinstance(output, dict):
-        return f"expected logits, got {type(output).__name__}"
-    if output.get("no_linear"):
+def _unpack_head(v: View) -> str | None:
+    if not isinstance(v.output, dict):
+        return f"expected logits, got {type(v.output).__name__}"
+    if v.output.get("no_linear"):
         return (f"the head needs its linear layer as self.linear = nn.Linear(d_model, num_classes), created in "
-                f"__init__; yours has parameters {output['parameters'] or 'none'}")
-    out = output["output"]
-    s = f64(states)
-    mask = keep[..., None]
-    mean = (s * mask).sum(1) / keep.sum(1, keepdim=True)
-    maximum = s.masked_fill(~mask, float("-inf")).amax(1)
-    pooled = mean if pooling == "mean" else maximum
-    expected = pooled @ weight.T + bias  # (B, C)
+                f"__init__; yours has parameters {v.output['parameters'] or 'none'}")
+    v.output, v.extra = v.output["output"], v.output
+    return None
 
-    def returned_tensor() -> str | None:
-        if isinstance(out, (tuple, list)):
-            return ("your head returned a tuple (torch.max(x, dim=1) returns (values, indices)); return the logits "
-                    "tensor, e.g. x.max(dim=1).values or x.amax(dim=1), then the linear layer")
-        return tensor_problem(out, "your logits", (states.shape[0], num_classes))
 
-    def parameters() -> str | None:
-        shapes = sorted(map(tuple, output["parameters"].values()))
-        if shapes != sorted([(num_classes, d_model), (num_classes,)]):
-            return (f"the head should own exactly the linear layer's weight ({num_classes}, {d_model}) and bias "
-                    f"({num_classes},), built in __init__; yours has {output['parameters'] or 'no parameters'}")
-        again = output.get("again")
-        if isinstance(again, torch.Tensor) and not torch.equal(again, out):
-            return "the same input gave different logits on two calls: create the layers in __init__, not in forward"
-        return None
+def _returned_tuple(v: View) -> str | None:
+    if isinstance(v.output, (tuple, list)):
+        return ("your head returned a tuple (torch.max(x, dim=1) returns (values, indices)); return the logits "
+                "tensor, e.g. x.max(dim=1).values or x.amax(dim=1), then the linear layer")
+    return None
 
-    def diagnosis() -> str | None:
-        if close_f64(out, expected):
-            return None
-        leaky = (s.mean(1) if pooling == "mean" else s.amax(1)) @ weight.T + bias
-        if close_f64(out, leaky, atol=1e-2, rtol=1e-3):
-            return "padding leaked into your pool: average (or take the maximum) over the real tokens only (keep)"
-        if pooling == "max":
-            zero_filled = s.masked_fill(~mask, 0.0).amax(1) @ weight.T + bias
-            if close_f64(out, zero_filled):
-                return ("you filled the padding with 0 before the maximum; with negative features 0 wins: fill it "
-                        "with -inf (or the dtype's lowest value)")
-        return None
 
-    return first_problem(
-        returned_tensor,
-        lambda: finite_problem(out, "your logits"),
-        parameters,
-        diagnosis,
-        lambda: close_problem(out, expected, "your logits", f"Linear({pooling} over the real tokens)"),
-    )
+def _head_parameters(v: View) -> str | None:
+    d_model, num_classes, _ = v.data["config"]
+    shapes = sorted(map(tuple, v.extra["parameters"].values()))
+    if shapes != sorted([(num_classes, d_model), (num_classes,)]):
+        return (f"the head should own exactly the linear layer's weight ({num_classes}, {d_model}) and bias "
+                f"({num_classes},), built in __init__; yours has {v.extra['parameters'] or 'no parameters'}")
+    again = v.extra.get("again")
+    if isinstance(again, torch.Tensor) and not torch.equal(again, v.got.logits):
+        return "the same input gave different logits on two calls: create the layers in __init__, not in forward"
+    return None
+
+
+def _pooled_logits(v: View, pool: str, fill: float = float("-inf"), padding: bool = False) -> torch.Tensor:
+    """Logits of the case's linear layer after pooling the states: over the real tokens (``padding``: all)."""
+    states, keep = v.x[0], v.args[1][..., None]
+    if pool == "mean":
+        pooled = states.mean(1) if padding else (states * keep).sum(1) / keep.sum(1)
+    else:
+        pooled = states.amax(1) if padding else states.masked_fill(~keep, fill).amax(1)
+    return pooled @ f64(v.data["weight"]).T + f64(v.data["bias"])
+
+
+_HEAD = Check(
+    reference=lambda v: _pooled_logits(v, v.data["config"][2]),
+    outputs=(Out("logits", lambda v: f"Linear({v.data['config'][2]} over the real tokens)"),),
+    unpack=_unpack_head,
+    before=(_returned_tuple,),
+    properties=(_head_parameters,),
+    mistakes=(Mistake(lambda v: _pooled_logits(v, v.data["config"][2], padding=True),
+                      "padding leaked into your pool: average (or take the maximum) over the real tokens only (keep)",
+                      on="logits"),
+              Mistake(lambda v: _pooled_logits(v, "max", fill=0.0) if v.data["config"][2] == "max" else None,
+                      "you filled the padding with 0 before the maximum; with negative features 0 wins: fill it "
+                      "with -inf (or the dtype's lowest value)", on="logits")),
+    matches=functools.partial(close_f64, atol=1e-2, rtol=1e-3),
+)
 
 
 EXERCISE = Exercise(
@@ -421,14 +391,14 @@ EXERCISE = Exercise(
             name="feed_forward",
             points=1,
             make_cases=_ffn_cases,
-            verify=_verify_ffn,
+            verify=_FFN,
             run=_run_ffn,
         ),
         Part(
             name="linear_to_conv1d",
             points=1,
             make_cases=_conv_cases,
-            verify=_verify_conv,
+            verify=_CONV,
             run=_run_conv,
         ),
         Part(
@@ -436,7 +406,7 @@ EXERCISE = Exercise(
             function="MyEncoderLayer",
             points=3,
             make_cases=_encoder_layer_cases,
-            verify=_verify_encoder_layer,
+            verify=_ENCODER_LAYER,
             run=_run_encoder_layer,
         ),
         Part(
@@ -444,7 +414,7 @@ EXERCISE = Exercise(
             function="PoolingClassifierHead",
             points=2,
             make_cases=_head_cases,
-            verify=_verify_head,
+            verify=_HEAD,
             run=_run_head,
         ),
     ),

@@ -15,14 +15,16 @@ own messages.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attention_course.decoding import greedy_decode
-from attention_course.grading.compare import close_problem, finite_problem, first_problem, fmt, matches, tensor_problem
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_texts
+from attention_course.grading.compare import first_problem, fmt, matches, tensor_problem
+from attention_course.grading.declare import Check, Out, View, second_run
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, with_texts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
@@ -51,36 +53,30 @@ def _shift_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_shift(case: Case, output: Any) -> str | None:
-    (tgt,) = case.args
-    expected_input, expected_labels = tgt[:, :-1], tgt[:, 1:]
-    if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (decoder_input, labels)"
-    decoder_input, labels = output
-    shape = tuple(expected_input.shape)
+def _swapped(v: View) -> str | None:
+    if torch.equal(v.got.decoder_input, v.want.labels) and torch.equal(v.got.labels, v.want.decoder_input):
+        return ("your two tensors are swapped: the decoder's input starts with <bos> (tgt[:, :-1]) and the "
+                "labels end with <eos> (tgt[:, 1:])")
+    return None
 
-    def swapped() -> str | None:
-        if isinstance(decoder_input, Tensor) and torch.equal(decoder_input, expected_labels) and isinstance(
-                labels, Tensor) and torch.equal(labels, expected_input):
-            return ("your two tensors are swapped: the decoder's input starts with <bos> (tgt[:, :-1]) and the "
-                    "labels end with <eos> (tgt[:, 1:])")
-        return None
 
-    def exact(value: Tensor, expected: Tensor, what: str, rule: str) -> str | None:
+def _exact(name: str, rule: str) -> Callable[[View], str | None]:
+    """A step: the learner's ``name`` must equal the expected token ids exactly; else the first wrong entry."""
+    def step(v: View) -> str | None:
+        value, expected = getattr(v.got, name), getattr(v.want, name)
         if not torch.equal(value, expected):
             row, col = (value != expected).nonzero()[0].tolist()
-            return (f"{what}[{row}, {col}] is {int(value[row, col])}, expected {int(expected[row, col])}: "
-                    f"{rule}")
+            return f"{name}[{row}, {col}] is {int(value[row, col])}, expected {int(expected[row, col])}: {rule}"
         return None
+    return step
 
-    return first_problem(
-        lambda: tensor_problem(decoder_input, "your decoder_input", shape, floating=False),
-        lambda: tensor_problem(labels, "your labels", shape, floating=False),
-        swapped,
-        lambda: exact(decoder_input, expected_input, "decoder_input",
-                      "the decoder sees the target without its last token, tgt[:, :-1]"),
-        lambda: exact(labels, expected_labels, "labels", "position t must predict token t + 1, tgt[:, 1:]"),
-    )
+
+_SHIFT = Check(
+    reference=lambda v: (v.args[0][:, :-1], v.args[0][:, 1:]),
+    outputs=(Out("decoder_input", floating=False), Out("labels", floating=False)),
+    explain=(_swapped, _exact("decoder_input", "the decoder sees the target without its last token, tgt[:, :-1]"),
+             _exact("labels", "position t must predict token t + 1, tgt[:, 1:]")),
+)
 
 
 # --- part 2: the decoder's masks -----------------------------------------------------------------------
@@ -259,13 +255,14 @@ def _variant(sub: DecoderSublayers, y: Tensor, memory: Tensor, self_mask: Tensor
 _matches = functools.partial(matches, atol=1e-6, rtol=1e-5)
 
 
-def _order_message(case: Case) -> str:
-    first = case.args[0].norm_first
+def _order_message(v: View) -> str:
+    first = v.args[0].norm_first
     return (f"your output is the other norm order's: this layer is {'pre-norm' if first else 'post-norm'} "
             f"(layer.norm_first is {first}); post-norm is norm(x + f(x)), pre-norm is x + f(norm(x))")
 
 
-# The usual wrong decoder layers, each computed from the case's inputs: (sub, y, memory, self_mask, memory_mask).
+# The usual wrong decoder layers, each computed from the case's (or view's) inputs: (sub, y, memory, self_mask,
+# memory_mask).
 _LAYER_MISTAKES = (
     Mistake(lambda c: _variant(*c.args, not c.args[0].norm_first), _order_message),
     Mistake(lambda c: None if c.args[3] is None else _variant(*c.args[:3], None, c.args[4], c.args[0].norm_first),
@@ -275,51 +272,38 @@ _LAYER_MISTAKES = (
 )
 
 
-def _verify_layer(case: Case, output: Any) -> str | None:
-    sub, y, memory, self_mask, memory_mask = case.args
-    expected = _torch_reference(case.data["reference"], y, memory, self_mask, memory_mask)
-    extra = None
-    if "future" in case.data:
-        if not isinstance(output, (tuple, list)) or len(output) != 2:
-            return "your output could not be read"
-        output, extra = output
+def _layer_shape(v: View) -> str | None:
+    output, (B, Lt, d), Ls = v.output, v.args[1].shape, v.args[2].size(1)
     if isinstance(output, (tuple, list)) and len(output) == 2 and isinstance(output[0], Tensor):
         return "return the layer's output tensor only (MultiHeadAttention returns (output, weights): keep output)"
-    B, Lt, d = y.shape
-    Ls = memory.size(1)
     if isinstance(output, Tensor) and Ls != Lt and tuple(output.shape) == (B, Ls, d):
         return (f"your output has the source's length {Ls} instead of the target's {Lt}: in cross-attention the "
                 "queries come from the decoder (y) and the keys and values from memory")
-    problem = first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-    )
+    return None
+
+
+def _layer_leakage(v: View) -> str | None:
+    if v.extra is None:
+        return None
+    problem = tensor_problem(v.extra, "your output", v.want.output.shape)
     if problem:
         return problem
+    gap = float((v.extra.to(torch.float64)[:, :3] - v.got.output.to(torch.float64)[:, :3]).abs().max())
+    if not gap <= 1e-9:
+        return (f"changing positions 3 and 4 of y changed outputs 0 to 2 by up to {fmt(gap)}: position i must "
+                "only see positions 0..i (apply self_mask in the self-attention)")
+    return None
 
-    def diagnosis() -> str | None:
-        if _matches(output, expected):
-            return None
-        return diagnose(_LAYER_MISTAKES, output, case, matches=_matches)
 
-    def leakage() -> str | None:
-        if extra is None:
-            return None
-        problem = tensor_problem(extra, "your output", expected.shape)
-        if problem:
-            return problem
-        gap = float((extra.to(torch.float64)[:, :3] - output.to(torch.float64)[:, :3]).abs().max())
-        if not gap <= 1e-9:
-            return (f"changing positions 3 and 4 of y changed outputs 0 to 2 by up to {fmt(gap)}: position i must "
-                    "only see positions 0..i (apply self_mask in the self-attention)")
-        return None
-
-    return first_problem(
-        diagnosis,
-        leakage,
-        lambda: close_problem(output, expected, "your output", "nn.TransformerDecoderLayer with the same weights",
-                              atol=1e-6, rtol=1e-5),
-    )
+_LAYER = Check(
+    reference=lambda v: _torch_reference(v.data["reference"], *v.args[1:]),
+    outputs=(Out("output", "nn.TransformerDecoderLayer with the same weights", atol=1e-6, rtol=1e-5),),
+    unpack=second_run("future"),
+    before=(_layer_shape,),
+    mistakes=_LAYER_MISTAKES,
+    matches=_matches,
+    explain=(_layer_leakage,),
+)
 
 
 # --- part 4: greedy decoding ---------------------------------------------------------------------------
@@ -470,7 +454,7 @@ EXERCISE = Exercise(
             name="shift_target",
             points=1,
             make_cases=_shift_cases,
-            verify=_verify_shift,
+            verify=_SHIFT,
         ),
         Part(
             name="decoder_masks",
@@ -482,7 +466,7 @@ EXERCISE = Exercise(
             name="decoder_layer_forward",
             points=2,
             make_cases=_layer_cases,
-            verify=_verify_layer,
+            verify=_LAYER,
             run=_run_layer,
         ),
         Part(

@@ -14,6 +14,7 @@ no tensor of the size of the score matrix) give the specific messages.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,26 +24,13 @@ from attention_course.efficient import tiled_attention_step as reference_step
 from attention_course.grading.compare import (
     close_problem,
     f64,
-    finite_problem,
-    first_problem,
     float32_atol,
-    tensor_problem,
 )
+from attention_course.grading.declare import Check, Out, View, second_run
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_texts
 
 PREAMBLE = preamble()
-
-
-def _tuple_problem(output: Any, size: int, names: str) -> str | None:
-    if not isinstance(output, (tuple, list)) or len(output) != size:
-        got = f"a {type(output).__name__} of length {len(output)}" if isinstance(output, (tuple, list)) else \
-            type(output).__name__
-        return f"expected your function to return a tuple ({names}), got {got}"
-    return None
-
-
-def _dtype_problem(output: torch.Tensor, what: str, dtype: torch.dtype) -> str | None:
-    return None if output.dtype == dtype else f"expected {what} to keep the inputs' dtype {dtype}, got {output.dtype}"
 
 
 # --- part 1: appending to a KV cache ---------------------------------------------------------------------
@@ -60,28 +48,26 @@ def _append_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_append(case: Case, output: Any) -> str | None:
-    past_k, past_v, new_k, new_v = case.args
-    expected_k = new_k if past_k is None else torch.cat([past_k, new_k], dim=-2)
-    expected_v = new_v if past_v is None else torch.cat([past_v, new_v], dim=-2)
-    past = 0 if past_k is None else past_k.shape[-2]
-
-    def order(what: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
-        if torch.equal(f64(actual), f64(expected)):
+def _in_order(name: str) -> Callable[[View], str | None]:
+    """A step: the learner's ``name`` (keys or values) must be the cached ones, then the new ones, exactly."""
+    def step(v: View) -> str | None:
+        actual, expected = f64(getattr(v.got, name)), getattr(v.want, name)
+        if torch.equal(actual, expected):
             return None
-        if past and torch.equal(f64(actual[..., :new_k.shape[-2], :]), f64(expected[..., past:, :])):
-            return f"your {what} start with the new positions: the cached ones must come first (oldest first)"
-        return (f"your {what} differ from the cached {what} followed by the new ones along the length "
+        past, new = (0 if v.args[0] is None else v.args[0].shape[-2]), v.args[2].shape[-2]
+        if past and torch.equal(actual[..., :new, :], expected[..., past:, :]):
+            return f"your {name} start with the new positions: the cached ones must come first (oldest first)"
+        return (f"your {name} differ from the cached {name} followed by the new ones along the length "
                 "dimension (dim -2)")
+    return step
 
-    return first_problem(
-        lambda: _tuple_problem(output, 2, "keys, values"),
-        lambda: tensor_problem(output[0], "your keys", expected_k.shape),
-        lambda: tensor_problem(output[1], "your values", expected_v.shape),
-        lambda: _dtype_problem(output[0], "your keys", new_k.dtype),
-        lambda: order("keys", output[0], expected_k),
-        lambda: order("values", output[1], expected_v),
-    )
+
+_APPEND = Check(
+    reference=lambda v: tuple(new if past is None else torch.cat([past, new], dim=-2)
+                              for past, new in ((v.x[0], v.x[2]), (v.x[1], v.x[3]))),
+    outputs=(Out("keys", dtype=lambda v: v.args[2].dtype), Out("values")),
+    explain=(_in_order("keys"), _in_order("values")),
+)
 
 
 # --- part 2: the online-softmax update -------------------------------------------------------------------
@@ -129,46 +115,53 @@ def _online_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_online(case: Case, output: Any) -> str | None:
-    running_max, running_sum, scores = case.args
-    shape = running_max.shape
-    m, s = f64(running_max), f64(scores)
+def _online_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    m, running_sum, s = v.x
     expected_max = torch.maximum(m, s.amax(dim=-1))
     # m' + log ℓ' must be the log-sum-exp of everything seen: the old state's and the new block's.
-    old_lse = m + torch.log(f64(running_sum))
-    total_lse = torch.logaddexp(old_lse, torch.logsumexp(s, dim=-1))
-    shift = torch.where(torch.isneginf(expected_max), torch.zeros_like(expected_max), expected_max)
-    expected_sum = torch.exp(total_lse - shift)
-    stability = " (subtract the new running maximum inside exp)" if case.data.get("stability") else ""
+    total_lse = torch.logaddexp(m + torch.log(running_sum), torch.logsumexp(s, dim=-1))
+    return expected_max, torch.exp(total_lse - _finite_shift(expected_max))
 
-    def max_problem() -> str | None:
-        new_max = f64(output[0])
-        if torch.isnan(new_max).any():
-            return "your running maximum contains NaN"
-        if (new_max < m).any():
-            return "your running maximum decreased for some row: it is the maximum of the old one and the block"
-        return close_problem(new_max.nan_to_num(neginf=-1e300), expected_max.nan_to_num(neginf=-1e300),
-                             "your running maximum", "max(old maximum, largest new score)", atol=1e-6, rtol=1e-7)
 
-    def sum_problem() -> str | None:
-        problem = close_problem(output[1], expected_sum, "your running sum",
-                                "sum over all scores so far of exp(score - new maximum)", atol=1e-5, rtol=1e-4)
-        if problem is None:
-            return None
-        unscaled = f64(running_sum) + torch.exp(s - shift[..., None]).sum(dim=-1)
-        if torch.allclose(f64(output[1]), unscaled, atol=1e-5, rtol=1e-4):
-            return problem + "; the old sum must be rescaled by exp(old maximum - new maximum)"
-        return problem
+def _finite_shift(maximum: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isneginf(maximum), torch.zeros_like(maximum), maximum)
 
-    return first_problem(
-        lambda: _tuple_problem(output, 2, "new_max, new_sum"),
-        lambda: tensor_problem(output[0], "your running maximum", shape),
-        lambda: tensor_problem(output[1], "your running sum", shape),
-        lambda: _dtype_problem(output[1], "your running sum", scores.dtype),
-        max_problem,
-        lambda: finite_problem(output[1], "your running sum", by_rows=False, advice=stability),
-        sum_problem,
-    )
+
+def _running_max(v: View) -> str | None:
+    new_max, expected = f64(v.output[0]), _online_reference(v)[0]
+    if torch.isnan(new_max).any():
+        return Finding("your running maximum contains NaN", FailureKind.NOT_FINITE)
+    if (new_max < v.x[0]).any():
+        return Finding("your running maximum decreased for some row: it is the maximum of the old one and the block",
+                       FailureKind.PROPERTY)
+    return close_problem(new_max.nan_to_num(neginf=-1e300), expected.nan_to_num(neginf=-1e300),
+                         "your running maximum", "max(old maximum, largest new score)", atol=1e-6, rtol=1e-7)
+
+
+def _rescaled_sum(v: View) -> str | None:
+    new_sum, (expected_max, expected_sum) = v.output[1], _online_reference(v)
+    problem = close_problem(new_sum, expected_sum, "your running sum",
+                            "sum over all scores so far of exp(score - new maximum)", atol=1e-5, rtol=1e-4)
+    if problem is None:
+        return None
+    m, running_sum, s = v.x
+    unscaled = running_sum + torch.exp(s - _finite_shift(expected_max)[..., None]).sum(dim=-1)
+    if torch.allclose(f64(new_sum), unscaled, atol=1e-5, rtol=1e-4):
+        return problem + "; the old sum must be rescaled by exp(old maximum - new maximum)"
+    return problem
+
+
+def _stability(message: str) -> Callable[[View], str]:
+    return lambda v: message if v.data.get("stability") else ""
+
+
+_ONLINE = Check(
+    reference=_online_reference,
+    outputs=(Out("running maximum", finite=False),
+             Out("running sum", by_rows=False, dtype=lambda v: v.args[2].dtype)),
+    advice=_stability(" (subtract the new running maximum inside exp)"),
+    explain=(_running_max, _rescaled_sum),
+)
 
 
 # --- part 3: one block step of tiled attention -----------------------------------------------------------
@@ -208,53 +201,28 @@ def _step_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_step(case: Case, output: Any) -> str | None:
-    accumulator, running_max, running_sum, query, key, value, scale = case.args
-    expected = reference_step(f64(accumulator), f64(running_max), f64(running_sum), f64(query), f64(key),
-                              f64(value), scale)
-    names = ("your accumulator", "your running maximum", "your running sum")
+def _attention_so_far(v: View) -> str | None:
+    """Property: after this step, O / ℓ is attention over every key seen so far (earlier block + this one)."""
+    _, _, _, query, keys, values, scale = v.x
+    if "previous_key" in v.data:
+        keys = torch.cat([f64(v.data["previous_key"]), keys], dim=-2)
+        values = torch.cat([f64(v.data["previous_value"]), values], dim=-2)
+    reference = F.scaled_dot_product_attention(query, keys, values, scale=scale)
+    ratio = f64(v.output[0]) / f64(v.output[2])[..., None]
+    return close_problem(ratio, reference, "accumulator / running sum",
+                         "F.scaled_dot_product_attention over all keys seen so far", atol=1e-4, rtol=1e-4)
 
-    def shapes() -> str | None:
-        for actual, reference, name in zip(output, (accumulator, running_max, running_sum), names):
-            problem = tensor_problem(actual, name, reference.shape)
-            if problem:
-                return problem
-        return _dtype_problem(output[0], names[0], query.dtype)
 
-    def finite() -> str | None:
-        for actual, name in zip(output, names):
-            problem = finite_problem(actual, name, by_rows=False)
-            if problem:
-                return problem + (" (subtract the running maximum inside exp)" if case.data["stability"] else "")
-        return None
-
-    def attention_so_far() -> str | None:
-        # Property: after this step, O / ℓ is attention over every key seen so far (earlier block + this one).
-        keys, values = f64(key), f64(value)
-        if "previous_key" in case.data:
-            keys = torch.cat([f64(case.data["previous_key"]), keys], dim=-2)
-            values = torch.cat([f64(case.data["previous_value"]), values], dim=-2)
-        reference = F.scaled_dot_product_attention(f64(query), keys, values, scale=scale)
-        ratio = f64(output[0]) / f64(output[2])[..., None]
-        return close_problem(ratio, reference, "accumulator / running sum",
-                             "F.scaled_dot_product_attention over all keys seen so far", atol=1e-4, rtol=1e-4)
-
-    def rescaled() -> str | None:
-        # Relative tolerances: state values scale with exp(scores - max), which is at most the number of keys.
-        for actual, reference, name in zip(output, expected, names):
-            problem = close_problem(actual, reference.nan_to_num(neginf=-1e300), name,
-                                    "the online-softmax update", atol=1e-4, rtol=1e-4)
-            if problem:
-                return problem
-        return None
-
-    return first_problem(
-        lambda: _tuple_problem(output, 3, "accumulator, running_max, running_sum"),
-        shapes,
-        finite,
-        rescaled,
-        attention_so_far,
-    )
+_STEP = Check(
+    # Relative tolerances: state values scale with exp(scores - max), which is at most the number of keys.
+    reference=lambda v: tuple(t.nan_to_num(neginf=-1e300) for t in reference_step(*v.x)),
+    outputs=(Out("accumulator", "the online-softmax update", atol=1e-4, by_rows=False,
+                 dtype=lambda v: v.args[3].dtype),
+             Out("running maximum", "the online-softmax update", atol=1e-4, by_rows=False),
+             Out("running sum", "the online-softmax update", atol=1e-4, by_rows=False)),
+    advice=_stability(" (subtract the running maximum inside exp)"),
+    after=(_attention_so_far,),
+)
 
 
 # --- part 4: tiled attention -----------------------------------------------------------------------------
@@ -407,38 +375,32 @@ def _run_tiled(obj: Any, case: Case) -> Any:
     return _measured_call(obj, case)
 
 
-def _verify_tiled(case: Case, output: Any) -> str | None:
-    query, key, value, block = case.args
-    q_len, k_len = query.shape[-2], key.shape[-2]
-    added = None
-    if case.data.get("memory"):
-        if not isinstance(output, tuple) or len(output) != 2:
-            return "expected your function to return the output tensor"
-        output, added = output
-    expected = F.scaled_dot_product_attention(f64(query), f64(key), f64(value))
-    # Scores in the hundreds are rounded at that scale, and exp passes the error on to the output.
-    if case.data.get("memory"):  # a bound on the largest score, without the (large) score matrix
-        largest = f64(query).norm(dim=-1).max() * f64(key).norm(dim=-1).max() / math.sqrt(query.shape[-1])
+def _tiled_atol(v: View) -> float:
+    """Scores in the hundreds are rounded at that scale, and exp passes the error on to the output."""
+    query, key, value = v.x[:3]
+    if v.data.get("memory"):  # a bound on the largest score, without the (large) score matrix
+        largest = query.norm(dim=-1).max() * key.norm(dim=-1).max() / math.sqrt(query.shape[-1])
     else:
-        largest = (f64(query) @ f64(key).transpose(-2, -1) / math.sqrt(query.shape[-1])).abs().max()
-    atol = float32_atol(largest * f64(value).abs().max()) if query.dtype == torch.float32 else 1e-5
+        largest = (query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])).abs().max()
+    return float32_atol(largest * value.abs().max()) if v.args[0].dtype == torch.float32 else 1e-5
 
-    def memory() -> str | None:
-        if added is None or added <= MEMORY_ALLOWANCE:
-            return None
-        full = q_len * k_len * query.element_size()
-        return (f"your function used {added / 2**20:.0f} MiB of memory at its peak; the full score matrix takes "
-                f"{full / 2**20:.0f} MiB and a tiled loop needs a few: compute scores one ({block}, {block}) tile "
-                "at a time, never for all keys at once (in PyTorch, NumPy or anything else)")
 
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: _dtype_problem(output, "your output", query.dtype),
-        lambda: finite_problem(output, "your output"),
-        lambda: close_problem(output, expected, "your output", "F.scaled_dot_product_attention", atol=atol,
-                              rtol=1e-4),
-        memory,
-    )
+def _memory(v: View) -> str | None:
+    added, (query, key), block = v.extra, v.args[:2], v.args[3]
+    if added is None or added <= MEMORY_ALLOWANCE:
+        return None
+    full = query.shape[-2] * key.shape[-2] * query.element_size()
+    return (f"your function used {added / 2**20:.0f} MiB of memory at its peak; the full score matrix takes "
+            f"{full / 2**20:.0f} MiB and a tiled loop needs a few: compute scores one ({block}, {block}) tile "
+            "at a time, never for all keys at once (in PyTorch, NumPy or anything else)")
+
+
+_TILED = Check(
+    reference=lambda v: F.scaled_dot_product_attention(*v.x[:3]),
+    outputs=(Out("output", "F.scaled_dot_product_attention", atol=_tiled_atol, dtype=lambda v: v.args[0].dtype),),
+    unpack=second_run("memory", message="expected your function to return the output tensor"),
+    after=(_memory,),
+)
 
 
 EXERCISE = Exercise(
@@ -450,25 +412,25 @@ EXERCISE = Exercise(
             name="cache_append",
             points=1,
             make_cases=_append_cases,
-            verify=_verify_append,
+            verify=_APPEND,
         ),
         Part(
             name="online_softmax_update",
             points=2,
             make_cases=_online_cases,
-            verify=_verify_online,
+            verify=_ONLINE,
         ),
         Part(
             name="tiled_attention_step",
             points=3,
             make_cases=_step_cases,
-            verify=_verify_step,
+            verify=_STEP,
         ),
         Part(
             name="tiled_attention",
             points=3,
             make_cases=_tiled_cases,
-            verify=_verify_tiled,
+            verify=_TILED,
             run=_run_tiled,
         ),
     ),
