@@ -168,7 +168,8 @@ class Check:
     3. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
     4. ``before``: steps on the raw output (a precise message for a transposed shape, a wrong column count);
     5. structure: a tuple of ``len(outputs)`` items when there are several; each a (floating) tensor of the
-       expected shape and dtype; finite values (NaN or infinity named, with ``advice``);
+       expected shape and dtype, or one number (``Out.scalar``); finite values (NaN or infinity named, with
+       ``advice``);
     6. ``properties``: steps every right answer passes (messages typed as properties);
     7. ``mistakes``: when an output differs from its reference, the first known mistake it equals (each
        :class:`~attention_course.grading.spec.Mistake`'s ``variant(view)`` computes that wrong output;

@@ -306,12 +306,12 @@ def _whole_sequence(v: View, past: bool = False, scaled: bool = True) -> tuple[t
     """(output (B, 1, d), keys, values) of the last position attending to the whole sequence in float64; with
     ``past``, to the cached positions only (``None`` without any); unscaled scores without ``scaled``."""
     x = f64(v.data["x"])
-    q, k, v_ = (x @ w for w in v.x[1:4])
+    queries, keys, values = (x @ w for w in v.x[1:4])
     length = x.size(1) - 1 if past else x.size(1)
     if length == 0:
         return None
-    scores = q[:, -1:] @ k[:, :length].transpose(-2, -1) / (math.sqrt(x.size(-1)) if scaled else 1.0)
-    return torch.softmax(scores, dim=-1) @ v_[:, :length], k, v_
+    scores = queries[:, -1:] @ keys[:, :length].transpose(-2, -1) / (math.sqrt(x.size(-1)) if scaled else 1.0)
+    return torch.softmax(scores, dim=-1) @ values[:, :length], keys, values
 
 
 _STEP = Check(

@@ -106,17 +106,12 @@ def _window_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _window(query_positions: torch.Tensor, key_positions: torch.Tensor, low: int, high: int,
-            symmetric: bool = False) -> torch.Tensor:
+def _window_case(v: View, wider: int = 0, symmetric: bool = False) -> torch.Tensor:
+    """The case's window mask, ``0 <= i - j < window + wider`` (``|i - j|`` with ``symmetric``)."""
+    query_positions, key_positions, window = v.args
     offset = query_positions[:, None] - key_positions[None, :]
-    if symmetric:
-        offset = offset.abs()
-    return (offset >= low) & (offset < high)
-
-
-def _window_case(v: View, low: int = 0, high: int = 0, symmetric: bool = False) -> torch.Tensor:
-    """The case's window mask, ``low <= i - j < window + high`` (``|i - j|`` with ``symmetric``)."""
-    return _window(v.args[0], v.args[1], low, v.args[2] + high, symmetric)
+    offset = offset.abs() if symmetric else offset
+    return (offset >= 0) & (offset < window + wider)
 
 
 def _boolean(v: View) -> str | None:
@@ -139,9 +134,9 @@ _WINDOW = Check(
     reference=_window_case,
     outputs=(Out("mask", floating=False, finite=False),),
     properties=(_boolean,),
-    mistakes=(Mistake(lambda v: _window_case(v, high=1), "your window is one too wide: query i must see keys "
+    mistakes=(Mistake(lambda v: _window_case(v, wider=1), "your window is one too wide: query i must see keys "
                       "i - w + 1 .. i (w keys, itself included), that is 0 <= i - j < w"),
-              Mistake(lambda v: _window_case(v, high=-1),
+              Mistake(lambda v: _window_case(v, wider=-1),
                       "your window is one too narrow: each query sees w keys, itself included (0 <= i - j < w)"),
               Mistake(lambda v: _window_case(v, symmetric=True), "your mask lets queries see the future: the window "
                       "is causal, 0 <= i - j (keys j > i are hidden)"),
