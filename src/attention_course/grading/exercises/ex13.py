@@ -32,6 +32,7 @@ from attention_course.grading.compare import (
     tensor_problem,
 )
 from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -223,12 +224,12 @@ def _verify_sample(case: Case, output: Any) -> str | None:
         return first_problem(
             lambda: tensor_problem(output, "your tokens", logits.shape[:-1], floating=False),
             lambda: None if torch.equal(output.long(), logits.argmax(dim=-1)) else
-            "with temperature 0 every row must give its argmax",
+            Finding("with temperature 0 every row must give its argmax", FailureKind.MISMATCH),
         )
 
     def tokens_problem() -> str | None:
         if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
-            return "expected your function to return the tokens"
+            return Finding("expected your function to return the tokens", FailureKind.TYPE)
         for draw in output[:3]:
             problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
             if problem:
@@ -282,7 +283,9 @@ def _verify_sample(case: Case, output: Any) -> str | None:
                     "draw each row at random, e.g. with torch.multinomial")
         return None
 
-    return first_problem(tokens_problem, distribution)
+    # What the draws fail is a property of every right sampler (repeatable, independent, distributed as the
+    # filtered softmax), typed as such unless a step said more (a tensor of the wrong shape or dtype).
+    return finding(first_problem(tokens_problem, distribution), FailureKind.PROPERTY)
 
 
 # --- part 5: one cached generation step ---------------------------------------------------------------------
