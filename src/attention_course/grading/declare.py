@@ -36,6 +36,7 @@ from attention_course.grading.compare import (
     matches,
     non_negative_problem,
     rows_sum_problem,
+    scalar_problem,
     tensor_problem,
     tuple_problem,
     value_error_problem,
@@ -58,23 +59,31 @@ class Out:
             view (it may read ``View.label``, set by the reference); ``""``: the tensor is checked for
             structure and finiteness only (properties and ``after`` steps judge its values).
         atol: absolute tolerance, or a function of the :class:`View` (a tolerance that grows with the scores).
-        rtol: relative tolerance.
+        rtol: relative tolerance, or a function of the :class:`View`.
         finite: whether NaN and infinities are refused (with the check's ``advice``).
         by_rows: whether a non-finite value is placed by row (else by index).
         floating: whether the tensor must be floating point.
         dtype: the dtype the tensor must have, as a function of the view (e.g. the input's), or ``None``.
         shape: the shape the tensor must have, as a function of the view; default: the reference's shape.
+        scalar: the output is one number (a loss, a count, a ratio): a Python number or a one-element tensor,
+            read as a 0-d float64 tensor (``shape``, ``floating`` and ``dtype`` do not apply).
     """
 
     name: str
     reference: str | Callable[[View], str] = ""
     atol: float | Callable[[View], float] = 1e-5
-    rtol: float = 1e-4
+    rtol: float | Callable[[View], float] = 1e-4
     finite: bool = True
     by_rows: bool = True
     floating: bool = True
     dtype: Callable[[View], torch.dtype] | None = None
     shape: Callable[[View], Sequence[int]] | None = None
+    scalar: bool = False
+
+    def tolerances(self, view: View) -> tuple[float, float]:
+        """``(atol, rtol)`` for ``view`` (either may depend on the case)."""
+        return (self.atol(view) if callable(self.atol) else self.atol,
+                self.rtol(view) if callable(self.rtol) else self.rtol)
 
 
 @dataclass
@@ -174,7 +183,8 @@ class Check:
     3. ``reference(view)``: the expected tensor, or tuple in the order of ``outputs`` (float64);
     4. ``before``: steps on the raw output (a precise message for a transposed shape, a wrong column count);
     5. structure: a tuple of ``len(outputs)`` items when there are several; each a (floating) tensor of the
-       expected shape and dtype; finite values (NaN or infinity named, with ``advice``);
+       expected shape and dtype, or one number (``Out.scalar``); finite values (NaN or infinity named, with
+       ``advice``);
     6. ``properties``: steps every right answer passes (messages typed as properties);
     7. ``mistakes``: when an output differs from its reference, the first known mistake it equals (each
        :class:`~attention_course.grading.spec.Mistake`'s ``variant(view)`` computes that wrong output;
@@ -229,10 +239,10 @@ class Check:
             return problem
         for out in self._in_order():
             if out.reference:  # not matched by a known mistake: the plain difference
-                atol = out.atol(view) if callable(out.atol) else out.atol
+                atol, rtol = out.tolerances(view)
                 reference = out.reference(view) if callable(out.reference) else out.reference
                 problem = close_problem(getattr(view.got, out.name), getattr(view.want, out.name),
-                                        f"your {out.name}", reference, atol=atol, rtol=out.rtol)
+                                        f"your {out.name}", reference, atol=atol, rtol=rtol)
                 if problem:
                     return problem
         for step in self.after:
@@ -251,8 +261,17 @@ class Check:
         else:
             pieces = (output,)
         for out, piece in zip(self.outputs, pieces):
+            if out.scalar:  # one number: read as a 0-d float64 tensor once it is known to be one
+                problem = scalar_problem(piece, f"your {out.name}")
+                if problem:
+                    return problem
+                piece = f64(piece).reshape(()) if isinstance(piece, torch.Tensor) else torch.tensor(
+                    float(piece), dtype=torch.float64)
             setattr(view.got, out.name, piece)
-        for out, piece in zip(self.outputs, pieces):
+        for out in self.outputs:
+            piece = getattr(view.got, out.name)
+            if out.scalar:
+                continue
             shape = out.shape(view) if out.shape else getattr(view.want, out.name).shape
             problem = tensor_problem(piece, f"your {out.name}", shape, floating=out.floating)
             if problem:
@@ -262,7 +281,7 @@ class Check:
                                f"{piece.dtype}", FailureKind.DTYPE)
         for out in self._in_order():
             piece = getattr(view.got, out.name)
-            if out.finite and piece.is_floating_point():
+            if out.finite and not out.scalar and piece.is_floating_point():  # a NaN number: its mismatch says so
                 advice = self.advice(view) if callable(self.advice) else self.advice
                 problem = finite_problem(piece, f"your {out.name}", by_rows=out.by_rows, advice=advice)
                 if problem:
@@ -278,8 +297,8 @@ class Check:
         """Whether ``got`` is right within the output's tolerance (a right answer is never diagnosed)."""
         if not out.reference:
             return matches(got, want)
-        atol = out.atol(view) if callable(out.atol) else out.atol
-        return close_problem(got, want, "", "", atol=atol, rtol=out.rtol) is None
+        atol, rtol = out.tolerances(view)
+        return close_problem(got, want, "", "", atol=atol, rtol=rtol) is None
 
     def _mistake(self, view: View) -> str | None:
         if not self.mistakes:

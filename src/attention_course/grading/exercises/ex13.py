@@ -18,6 +18,7 @@ by calling it (the course library's ``ac.RMSNorm`` is refused by the library rul
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,23 +26,19 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from attention_course.grading.compare import (
-    close_problem,
     f64,
-    finite_problem,
     first_problem,
     matches,
-    scalar_problem,
     tensor_problem,
-    tuple_problem,
-    value_error_problem,
 )
+from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
     call_expecting_error,
-    diagnose,
     permutation,
     preamble,
     randn,
@@ -92,20 +89,13 @@ _LOSS_MISTAKES = (  # (logits, tokens, pad_id) -> a wrong loss
 )
 
 
-def _verify_loss(case: Case, output: Any) -> str | None:
-    logits, tokens = (f64(t) if t.is_floating_point() else t for t in case.args)
-    pad_id = case.kwargs["pad_id"]
-    expected = _loss(logits, slice(None, -1), tokens[:, 1:], pad_id)
-
-    def value() -> str | None:
-        got = float(output)
-        if math.isclose(got, float(expected), rel_tol=1e-4, abs_tol=1e-5):
-            return None
-        return (diagnose(_LOSS_MISTAKES, got, logits, tokens, pad_id,
-                         matches=lambda got, loss: math.isclose(got, float(loss), rel_tol=1e-4))
-                or f"expected a loss of {float(expected):.5f} nats, got {got:.5f}")
-
-    return first_problem(lambda: scalar_problem(output, "your loss"), value)
+_LOSS = Check(
+    reference=lambda v: _loss(v.x[0], slice(None, -1), v.x[1][:, 1:], v.kwargs["pad_id"]),
+    outputs=(Out("loss", scalar=True),),
+    mistakes=mistakes_on(_LOSS_MISTAKES, lambda v: (*v.x, v.kwargs["pad_id"]), on="loss"),
+    explain=(lambda v: None if math.isclose(float(v.got.loss), float(v.want.loss), rel_tol=1e-4, abs_tol=1e-5) else
+             f"expected a loss of {float(v.want.loss):.5f} nats, got {float(v.got.loss):.5f}",),
+)
 
 
 # --- part 2: top-k ------------------------------------------------------------------------------------------
@@ -118,30 +108,36 @@ def _top_k_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _filter_problem(output: Any, logits: torch.Tensor, expected: torch.Tensor, what: str) -> str | None:
-    def kept() -> str | None:
-        got_kept, want_kept = torch.isfinite(output), torch.isfinite(expected)
-        if torch.equal(got_kept, want_kept):
+_FILTERED = "filtered logits"
+_CROSSING = (" (keep a token while the probability of the tokens before it is below p, so that the token whose "
+             "probability crosses p is kept too)")
+
+
+def _kept(what: Callable[[View], str], too_few: str = "") -> Callable[[View], str | None]:
+    """The step that compares which tokens a filter kept, row by row (``what(view)`` names the filter;
+    ``too_few`` is added when fewer tokens were kept in all than the filter keeps)."""
+    def step(v: View) -> str | None:
+        width = v.args[0].size(-1)
+        got, want = (torch.isfinite(getattr(t, _FILTERED)).reshape(-1, width) for t in (v.got, v.want))
+        if torch.equal(got, want):
             return None
-        row = (got_kept != want_kept).reshape(-1, logits.size(-1)).any(dim=-1).nonzero()[0, 0].item()
-        got_n = int(got_kept.reshape(-1, logits.size(-1))[row].sum())
-        want_n = int(want_kept.reshape(-1, logits.size(-1))[row].sum())
-        return f"row {row}: you kept {got_n} tokens, {what} keeps {want_n}"
-
-    def values() -> str | None:
-        keep = torch.isfinite(expected)
-        if not torch.equal(f64(output)[keep], f64(logits)[keep]):
-            return "the kept logits must keep their values (set only the dropped ones to -inf)"
-        if not bool((output[~keep] == -math.inf).all()):
-            return "the dropped logits must be -inf (so that softmax gives them probability 0)"
-        return None
-
-    return first_problem(lambda: tensor_problem(output, "your filtered logits", logits.shape), kept, values)
+        row = int((got != want).any(dim=-1).nonzero()[0, 0])
+        fewer = too_few if int(got.sum()) < int(want.sum()) else ""
+        return f"row {row}: you kept {int(got[row].sum())} tokens, {what(v)} keeps {int(want[row].sum())}{fewer}"
+    return step
 
 
-def _verify_top_k(case: Case, output: Any) -> str | None:
-    logits, k = case.args
-    return _filter_problem(output, logits, reference_top_k(logits, k), f"top-k with k = {k}")
+def _kept_values(v: View) -> str | None:
+    got, keep = getattr(v.got, _FILTERED), torch.isfinite(getattr(v.want, _FILTERED))
+    if not torch.equal(f64(got)[keep], v.x[0][keep]):
+        return "the kept logits must keep their values (set only the dropped ones to -inf)"
+    if not bool((got[~keep] == -math.inf).all()):
+        return "the dropped logits must be -inf (so that softmax gives them probability 0)"
+    return None
+
+
+_TOP_K = Check(reference=lambda v: reference_top_k(*v.args), outputs=(Out(_FILTERED, finite=False),),
+               explain=(_kept(lambda v: f"top-k with k = {v.args[1]}"), _kept_values))
 
 
 # --- part 3: top-p ------------------------------------------------------------------------------------------
@@ -161,16 +157,8 @@ def _top_p_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_top_p(case: Case, output: Any) -> str | None:
-    logits, p = case.args
-    expected = reference_top_p(logits, p)
-    problem = _filter_problem(output, logits, expected, f"top-p with p = {p}")
-    if problem and isinstance(output, torch.Tensor) and output.shape == logits.shape:
-        got_n, want_n = int(torch.isfinite(output).sum()), int(torch.isfinite(expected).sum())
-        if got_n < want_n:
-            problem += (" (keep a token while the probability of the tokens before it is below p, so that the "
-                        "token whose probability crosses p is kept too)")
-    return problem
+_TOP_P = Check(reference=lambda v: reference_top_p(*v.args), outputs=(Out(_FILTERED, finite=False),),
+               explain=(_kept(lambda v: f"top-p with p = {v.args[1]}", _CROSSING), _kept_values))
 
 
 # --- part 4: sampling ---------------------------------------------------------------------------------------
@@ -236,12 +224,12 @@ def _verify_sample(case: Case, output: Any) -> str | None:
         return first_problem(
             lambda: tensor_problem(output, "your tokens", logits.shape[:-1], floating=False),
             lambda: None if torch.equal(output.long(), logits.argmax(dim=-1)) else
-            "with temperature 0 every row must give its argmax",
+            Finding("with temperature 0 every row must give its argmax", FailureKind.MISMATCH),
         )
 
     def tokens_problem() -> str | None:
         if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
-            return "expected your function to return the tokens"
+            return Finding("expected your function to return the tokens", FailureKind.TYPE)
         for draw in output[:3]:
             problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
             if problem:
@@ -295,7 +283,9 @@ def _verify_sample(case: Case, output: Any) -> str | None:
                     "draw each row at random, e.g. with torch.multinomial")
         return None
 
-    return first_problem(tokens_problem, distribution)
+    # What the draws fail is a property of every right sampler (repeatable, independent, distributed as the
+    # filtered softmax), typed as such unless a step said more (a tensor of the wrong shape or dtype).
+    return finding(first_problem(tokens_problem, distribution), FailureKind.PROPERTY)
 
 
 # --- part 5: one cached generation step ---------------------------------------------------------------------
@@ -315,39 +305,27 @@ def _step_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_step(case: Case, output: Any) -> str | None:
-    x_new, w_q, w_k, w_v, past_k, past_v = case.args
-    x = f64(case.data["x"])
-    past = 0 if past_k is None else past_k.size(1)
-    q, k, v = x @ f64(w_q), x @ f64(w_k), x @ f64(w_v)
-    d = x.size(-1)
-    scores = q[:, -1:] @ k.transpose(-2, -1) / math.sqrt(d)  # the last position attends to all, itself included
-    expected = torch.softmax(scores, dim=-1) @ v  # (B, 1, d)
+def _whole_sequence(v: View, past: bool = False, scaled: bool = True) -> tuple[torch.Tensor, ...]:
+    """(output (B, 1, d), keys, values) of the last position attending to the whole sequence in float64; with
+    ``past``, to the cached positions only (``None`` without any); unscaled scores without ``scaled``."""
+    x = f64(v.data["x"])
+    queries, keys, values = (x @ w for w in v.x[1:4])
+    length = x.size(1) - 1 if past else x.size(1)
+    if length == 0:
+        return None
+    scores = queries[:, -1:] @ keys[:, :length].transpose(-2, -1) / (math.sqrt(x.size(-1)) if scaled else 1.0)
+    return torch.softmax(scores, dim=-1) @ values[:, :length], keys, values
 
-    mistakes = (
-        Mistake(lambda: torch.softmax(q[:, -1:] @ k[:, :past].transpose(-2, -1) / math.sqrt(d), dim=-1)
-                @ v[:, :past] if past else None,
-                "your new token does not attend to itself: append its key and value before attending"),
-        Mistake(lambda: torch.softmax(q[:, -1:] @ k.transpose(-2, -1), dim=-1) @ v, "divide the scores by sqrt(d)"),
-    )
 
-    def output_problem() -> str | None:
-        problem = close_problem(output[0], expected, "your output", "attention over the whole sequence", atol=1e-5,
-                                rtol=1e-4)
-        return problem and (diagnose(mistakes, output[0]) or problem)
-
-    return first_problem(
-        lambda: tuple_problem(output, "output", "keys", "values"),
-        lambda: tensor_problem(output[0], "your output", x_new.shape),
-        lambda: tensor_problem(output[1], "your keys", (x.size(0), past + 1, d)),
-        lambda: tensor_problem(output[2], "your values", (x.size(0), past + 1, d)),
-        lambda: finite_problem(output[0], "your output"),
-        lambda: close_problem(output[1], k, "your keys", "the cached keys followed by the new one",
-                              atol=1e-5, rtol=1e-4),
-        lambda: close_problem(output[2], v, "your values", "the cached values followed by the new one",
-                              atol=1e-5, rtol=1e-4),
-        output_problem,
-    )
+_STEP = Check(
+    reference=_whole_sequence,
+    outputs=(Out("output", "attention over the whole sequence"), Out("keys", "the cached keys followed by the new one"),
+             Out("values", "the cached values followed by the new one")),
+    compare=("keys", "values", "output"),
+    mistakes=(Mistake(lambda v: (_whole_sequence(v, past=True) or (None,))[0],
+                      "your new token does not attend to itself: append its key and value before attending"),
+              Mistake(lambda v: _whole_sequence(v, scaled=False)[0], "divide the scores by sqrt(d)")),
+)
 
 
 # --- part 6: RMSNorm (chapter 13b) ------------------------------------------------------------------------
@@ -400,31 +378,25 @@ _RMS_NORM_MISTAKES = (  # (x, weight, eps), float64 -> a wrong RMSNorm
 )
 
 
-def _verify_rms_norm(case: Case, output: Any) -> str | None:
-    x, weight = case.args
-    eps = case.kwargs["eps"]
-    if case.data.get("error"):
-        return value_error_problem(output, (x.size(-1), weight.size(-1)),
-                                   f"the weight has {weight.size(-1)} gains but x has {x.size(-1)} features; "
-                                   "name both sizes in the message")
-    expected = F.rms_norm(f64(x), (x.size(-1),), f64(weight), eps)
-    atol, rtol = (2e-3, 2e-3) if case.data.get("half") else (1e-5, 1e-4)
+def _float16_overflow(v: View) -> str | None:
+    if v.data.get("half") and not matches(v.got.output, v.want.output, atol=2e-3, rtol=2e-3):
+        return ("your float16 output is wrong: squares of entries near 300 exceed float16's largest number "
+                "(65504); compute the mean square in float32 and return float16")
+    return None
 
-    def values() -> str | None:
-        if matches(output, expected, atol=atol, rtol=rtol):
-            return None
-        if case.data.get("half"):
-            return ("your float16 output is wrong: squares of entries near 300 exceed float16's largest "
-                    "number (65504); compute the mean square in float32 and return float16")
-        return (diagnose(_RMS_NORM_MISTAKES, output, f64(x), f64(weight), eps)
-                or close_problem(output, expected, "your output", "F.rms_norm (nn.RMSNorm)", atol=atol, rtol=rtol))
 
-    return first_problem(
-        lambda: tensor_problem(output, "your output", x.shape),
-        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {output.dtype}",
-        lambda: None if case.data.get("half") else finite_problem(output, "your output"),
-        values,
-    )
+_RMS_NORM = Check(
+    reference=lambda v: F.rms_norm(v.x[0], (v.x[0].size(-1),), v.x[1], v.kwargs["eps"]),
+    outputs=(Out("output", "F.rms_norm (nn.RMSNorm)", atol=lambda v: 2e-3 if v.data.get("half") else 1e-5,
+                 rtol=lambda v: 2e-3 if v.data.get("half") else 1e-4, dtype=lambda v: v.args[0].dtype),),
+    raises=lambda v: ((v.args[0].size(-1), v.args[1].size(-1)), f"the weight has {v.args[1].size(-1)} gains but x "
+                      f"has {v.args[0].size(-1)} features; name both sizes in the message")
+    if v.data.get("error") else None,
+    advice=lambda v: (" (squares of entries near 300 exceed float16's largest number, 65504: compute the mean "
+                      "square in float32 and return float16)") if v.data.get("half") else "",
+    mistakes=mistakes_on(_RMS_NORM_MISTAKES, lambda v: (*v.x, v.kwargs["eps"])),
+    explain=(_float16_overflow,),
+)
 
 
 class TorchRMSNormRefused(PermissionError):
@@ -465,19 +437,19 @@ EXERCISE = Exercise(
             name="next_token_loss",
             points=2,
             make_cases=_loss_cases,
-            verify=_verify_loss,
+            verify=_LOSS,
         ),
         Part(
             name="top_k_filter",
             points=1,
             make_cases=_top_k_cases,
-            verify=_verify_top_k,
+            verify=_TOP_K,
         ),
         Part(
             name="top_p_filter",
             points=2,
             make_cases=_top_p_cases,
-            verify=_verify_top_p,
+            verify=_TOP_P,
         ),
         Part(
             name="sample_next_token",
@@ -490,13 +462,13 @@ EXERCISE = Exercise(
             name="cached_attention_step",
             points=2,
             make_cases=_step_cases,
-            verify=_verify_step,
+            verify=_STEP,
         ),
         Part(
             name="rms_norm",
             points=2,
             make_cases=_rms_norm_cases,
-            verify=_verify_rms_norm,
+            verify=_RMS_NORM,
             run=_run_rms_norm,
         ),
     ),

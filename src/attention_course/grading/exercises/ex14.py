@@ -21,6 +21,7 @@ the columns permuted instead of the rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,18 +31,15 @@ from attention_course.alibi import alibi_slopes as reference_slopes
 from attention_course.grading.compare import (
     close_problem,
     f64,
-    first_problem,
     matches,
-    tensor_problem,
-    value_error_problem,
 )
+from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
     call_expecting_error,
-    diagnose,
     preamble,
     randn,
     with_texts,
@@ -107,29 +105,35 @@ def _rotary_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_rotary(case: Case, output: Any) -> str | None:
-    x, positions = case.args
-    base = case.kwargs.get("base", 10000.0)
-    if case.data.get("error"):
-        return value_error_problem(output, (x.size(-1),), f"d = {x.size(-1)} is odd (features are rotated in "
-                                   "pairs); name the feature size in the message")
-    expected = reference_rotary(f64(x), positions, base=base)
+def _odd_size(v: View) -> tuple[tuple[int], str] | None:
+    """What a case with an odd feature size demands: a ValueError naming the size."""
+    d = v.args[0].size(-1)
+    return ((d,), f"d = {d} is odd (features are rotated in pairs); name the feature size in the message") \
+        if v.data.get("error") else None
 
-    def values() -> str | None:
-        problem = close_problem(output, expected, "your rotated x", "the rotary embedding", atol=1e-5, rtol=1e-4)
-        if problem is None:
-            return None
-        known = diagnose(ROTARY_MISTAKES, output, x, positions, base)
-        if known:
-            return known
-        if not torch.allclose(f64(output).norm(dim=-1), f64(x).norm(dim=-1), atol=1e-4, rtol=1e-4):
-            return problem + " (a rotation keeps the length of every row; yours changes it)"
-        return problem
 
-    return first_problem(
-        lambda: tensor_problem(output, "your rotated x", x.shape),
-        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (as x), got {output.dtype}",
-        values,
+def _rotary_inputs(v: View) -> tuple:
+    """(x, positions, base), as the tables of rotary mistakes take them."""
+    return (*v.args, v.kwargs.get("base", 10000.0))
+
+
+def _length_changed(v: View) -> str | None:
+    """A wrong rotation that also changes lengths is told that a rotation keeps them."""
+    got, want = getattr(v.got, "rotated x"), getattr(v.want, "rotated x")
+    problem = close_problem(got, want, "your rotated x", "the rotary embedding", atol=1e-5, rtol=1e-4)
+    if problem and not torch.allclose(f64(got).norm(dim=-1), v.x[0].norm(dim=-1), atol=1e-4, rtol=1e-4):
+        return problem + " (a rotation keeps the length of every row; yours changes it)"
+    return None
+
+
+def _rotary_check(pairing: str, reference: str, mistakes: tuple[Mistake, ...], explain: tuple = ()) -> Check:
+    """A rotary part: an odd size raises; else the library's rotation with this pairing, and its mistakes."""
+    return Check(
+        reference=lambda v: reference_rotary(v.x[0], v.args[1], base=_rotary_inputs(v)[2], pairing=pairing),
+        outputs=(Out("rotated x", reference, dtype=lambda v: v.args[0].dtype),),
+        raises=_odd_size,
+        mistakes=mistakes_on(mistakes, _rotary_inputs),
+        explain=explain,
     )
 
 
@@ -144,30 +148,27 @@ def _offset_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_offset(case: Case, output: Any) -> str | None:
-    q, k, offset = (f64(case.args[0]), f64(case.args[1]), case.args[2])
-    base = case.kwargs.get("base", 10000.0)
-    n = q.size(0)
-    # The definition: the query at some position p, the key at p + offset; any p gives the same scores.
-    p = torch.full((n,), 1000)
-    expected = (reference_rotary(q, p, base) * reference_rotary(k, p + offset, base)).sum(-1)  # (n,)
+def _offset_scores(v: View, query_moves: bool = False) -> torch.Tensor:
+    """(n,) scores of each query at position p and its key at p + offset (any p gives the same: 1000 here);
+    with ``query_moves``, the query at p + offset and the key at p (the offset's sign flipped)."""
+    q, k, offset = v.x
+    p = torch.full((q.size(0),), 1000)
+    base = v.kwargs.get("base", 10000.0)
+    if query_moves:
+        return (reference_rotary(q, p + offset, base) * reference_rotary(k, p, base)).sum(-1)
+    return (reference_rotary(q, p, base) * reference_rotary(k, p + offset, base)).sum(-1)
 
-    def values() -> str | None:
-        problem = close_problem(output, expected, "your score vector", "the rotated query and key's dot product",
-                                atol=1e-5, rtol=1e-4)
-        if problem is None:
-            return None
-        backwards = (reference_rotary(q, p + offset, base) * reference_rotary(k, p, base)).sum(-1)
-        if offset != 0 and matches(output, backwards):
-            return (f"your scores are those of offset {-offset}: with the query at p and the key at p + offset, "
-                    "the score is q R_offset k^T, i.e. the query against the key rotated by the offset (rotating "
-                    "the query by the offset turns it the other way)")
-        unrotated = (q * k).sum(-1)
-        if offset != 0 and matches(output, unrotated):
-            return "your scores ignore the offset: the key must be rotated by it"
-        return problem
 
-    return first_problem(lambda: tensor_problem(output, "your scores", (n,)), values)
+_OFFSET = Check(
+    reference=_offset_scores,
+    outputs=(Out("score vector", "the rotated query and key's dot product"),),
+    mistakes=(Mistake(lambda v: _offset_scores(v, query_moves=True) if v.args[2] else None,
+                      lambda v: f"your scores are those of offset {-v.args[2]}: with the query at p and the key at "
+                      "p + offset, the score is q R_offset k^T, i.e. the query against the key rotated by the "
+                      "offset (rotating the query by the offset turns it the other way)"),
+              Mistake(lambda v: (v.x[0] * v.x[1]).sum(-1) if v.args[2] else None,
+                      "your scores ignore the offset: the key must be rotated by it")),
+)
 
 
 # --- part 3: ALiBi's slopes and bias, added to the scores ---------------------------------------------------
@@ -201,50 +202,54 @@ def _bias(slopes: torch.Tensor, length_q: int, length_k: int, aligned: bool = Tr
     return sign * slopes.double()[:, None, None] * distance  # (H, Lq, Lk)
 
 
-def _alibi_variants(heads: int, length_q: int, length_k: int) -> list[tuple[torch.Tensor | None, str]]:
-    right = reference_slopes(heads).double()
-    closest = 2 ** math.floor(math.log2(heads))
-    power_of_two = heads == closest
-    return [
-        (_bias(right, length_q, length_k, sign=1.0),
-         "your bias has the wrong sign: it must lower the scores of distant keys, scores - m_h |i - j|"),
-        (_bias(right.flip(0), length_q, length_k),
-         "your slopes are in reverse order: head 1 gets the steepest slope, 2^(-8/H), and the last head the "
-         "gentlest, 2^(-8)"),
-        (_bias(_geometric(heads, first=0), length_q, length_k),
-         "your slopes start at 2^0 = 1: the exponents are -8h/H for h = 1 .. H, not 0 .. H-1"),
-        (None if power_of_two else _bias(_geometric(heads), length_q, length_k),
-         f"{heads} is not a power of two: the paper takes all slopes of n = {closest} heads, then every other "
-         f"slope (the 1st, 3rd, ...) of the sequence for 2n = {2 * closest} heads until there are {heads}"),
-        (None if power_of_two else _bias(reference_slopes(2 * closest)[:heads], length_q, length_k),
-         "for a head count that is not a power of two, the extra slopes are every other slope of the "
-         "sequence for 2n heads (the 1st, 3rd, 5th, ...), after all n slopes of the sequence for n heads"),
-        (_bias(right, length_q, length_k, absolute=False),
-         "use the distance |i - j|: keys after the query (j > i) must get a penalty too (a causal mask "
-         "removes them separately when the model needs one)"),
-        (_bias(right, length_q, length_k, aligned=False),
-         "the queries are the newest positions: query i sits at position i + Lk - Lq (with one query and 7 "
-         "keys, the query is position 6)"),
-    ]
+def _alibi_mistake(bias: Callable[[torch.Tensor, int, int, int], torch.Tensor | None],
+                   message: str | Callable[[View], str]) -> Mistake:
+    """A wrong ALiBi: ``bias(right slopes, heads, Lq, Lk)`` (H, Lq, Lk) added to the scores; not told apart
+    (``None``) where it equals the right bias or does not apply to this head count."""
+    def variant(v: View) -> torch.Tensor | None:
+        _, heads, length_q, length_k = v.x[0].shape
+        wrong = bias(reference_slopes(heads).double(), heads, length_q, length_k)
+        right = reference_bias(heads, length_q, length_k).double()
+        return None if wrong is None or torch.allclose(wrong, right) else v.x[0] + wrong
+    return Mistake(variant, message)
 
 
-def _verify_alibi(case: Case, output: Any) -> str | None:
-    scores = f64(case.args[0])
-    _, heads, length_q, length_k = scores.shape
-    expected = scores + reference_bias(heads, length_q, length_k).double()
+def _closest(heads: int) -> int:
+    """The largest power of two not above ``heads``."""
+    return 2 ** math.floor(math.log2(heads))
 
-    def values() -> str | None:
-        if matches(output, expected, atol=1e-5, rtol=1e-5):
-            return None
-        if matches(output, scores, atol=1e-6, rtol=1e-6):
-            return "your scores came back unchanged: add each head's bias -m_h |i - j|"
-        for bias, message in _alibi_variants(heads, length_q, length_k):
-            if bias is not None and not torch.allclose(bias, expected - scores) and matches(output, scores + bias,
-                                                                                           atol=1e-5, rtol=1e-5):
-                return message
-        return close_problem(output, expected, "your biased scores", "scores - m_h |i - j|", atol=1e-5, rtol=1e-5)
 
-    return first_problem(lambda: tensor_problem(output, "your biased scores", scores.shape), values)
+_ALIBI_MISTAKES = (
+    Mistake(lambda v: v.x[0], "your scores came back unchanged: add each head's bias -m_h |i - j|"),
+    _alibi_mistake(lambda m, h, lq, lk: _bias(m, lq, lk, sign=1.0),
+                   "your bias has the wrong sign: it must lower the scores of distant keys, scores - m_h |i - j|"),
+    _alibi_mistake(lambda m, h, lq, lk: _bias(m.flip(0), lq, lk),
+                   "your slopes are in reverse order: head 1 gets the steepest slope, 2^(-8/H), and the last head "
+                   "the gentlest, 2^(-8)"),
+    _alibi_mistake(lambda m, h, lq, lk: _bias(_geometric(h, first=0), lq, lk),
+                   "your slopes start at 2^0 = 1: the exponents are -8h/H for h = 1 .. H, not 0 .. H-1"),
+    _alibi_mistake(lambda m, h, lq, lk: None if h == _closest(h) else _bias(_geometric(h), lq, lk),
+                   lambda v: f"{v.args[0].size(1)} is not a power of two: the paper takes all slopes of n = "
+                   f"{_closest(v.args[0].size(1))} heads, then every other slope (the 1st, 3rd, ...) of the sequence "
+                   f"for 2n = {2 * _closest(v.args[0].size(1))} heads until there are {v.args[0].size(1)}"),
+    _alibi_mistake(lambda m, h, lq, lk: None if h == _closest(h) else _bias(reference_slopes(2 * _closest(h))[:h],
+                                                                            lq, lk),
+                   "for a head count that is not a power of two, the extra slopes are every other slope of the "
+                   "sequence for 2n heads (the 1st, 3rd, 5th, ...), after all n slopes of the sequence for n heads"),
+    _alibi_mistake(lambda m, h, lq, lk: _bias(m, lq, lk, absolute=False),
+                   "use the distance |i - j|: keys after the query (j > i) must get a penalty too (a causal mask "
+                   "removes them separately when the model needs one)"),
+    _alibi_mistake(lambda m, h, lq, lk: _bias(m, lq, lk, aligned=False),
+                   "the queries are the newest positions: query i sits at position i + Lk - Lq (with one query and 7 "
+                   "keys, the query is position 6)"),
+)
+
+_ALIBI = Check(
+    reference=lambda v: v.x[0] + reference_bias(*v.x[0].shape[1:]).double(),
+    outputs=(Out("biased scores", "scores - m_h |i - j|", rtol=1e-5),),
+    mistakes=_ALIBI_MISTAKES,
+    matches=lambda got, wrong: matches(got, wrong, atol=1e-5, rtol=1e-5),
+)
 
 
 # --- part 4: rotary in the Llama convention (rotate-half pairs) -----------------------------------------------
@@ -294,27 +299,6 @@ def _rotate_half_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_rotate_half(case: Case, output: Any) -> str | None:
-    x, positions = case.args
-    base = case.kwargs.get("base", 10000.0)
-    if case.data.get("error"):
-        return value_error_problem(output, (x.size(-1),), f"d = {x.size(-1)} is odd (features are rotated in "
-                                   "pairs); name the feature size in the message")
-    expected = reference_rotary(f64(x), positions, base=base, pairing="half")
-
-    def values() -> str | None:
-        problem = close_problem(output, expected, "your rotated x", "rotate-half rotary", atol=1e-5, rtol=1e-4)
-        if problem is None:
-            return None
-        return diagnose(ROTATE_HALF_MISTAKES, output, x, positions, base) or problem
-
-    return first_problem(
-        lambda: tensor_problem(output, "your rotated x", x.shape),
-        lambda: None if output.dtype == x.dtype else f"expected dtype {x.dtype} (as x), got {output.dtype}",
-        values,
-    )
-
-
 # --- part 5: converting a projection from interleaved to rotate-half pairs ------------------------------------
 def _half_order(d_head: int) -> torch.Tensor:
     """The new order of one head's features: the even ones (first of each pair), then the odd ones."""
@@ -360,29 +344,27 @@ def _conversion_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_conversion(case: Case, output: Any) -> str | None:
-    weight, num_heads = case.args
-    if case.data.get("error"):
-        numbers = case.data["numbers"]
-        why = (f"the head size {numbers[0]} is odd (rotary needs pairs)" if len(numbers) == 1 else
-               f"{numbers[0]} rows do not split into {numbers[1]} heads")
-        return value_error_problem(output, numbers, why + "; name the sizes in the message")
-    expected = _permuted_rows(weight, num_heads)
+def _exact(got: Any, wrong: Any) -> bool:
+    return matches(got, wrong, atol=0.0, rtol=0.0)
 
-    def values() -> str | None:
-        if matches(output, expected, atol=0.0, rtol=0.0):
-            return None
-        return (diagnose(_CONVERSION_MISTAKES, output, weight, num_heads,
-                         matches=lambda got, wrong: matches(got, wrong, atol=0.0, rtol=0.0))
-                or close_problem(output, expected, "your weight", "the weight with each head's rows reordered "
-                                 "(evens, then odds)", atol=0.0, rtol=0.0))
 
-    return first_problem(
-        lambda: tensor_problem(output, "your weight", weight.shape),
-        lambda: None if output.dtype == weight.dtype else f"expected dtype {weight.dtype} (the weight's), got "
-        f"{output.dtype}",
-        values,
-    )
+def _conversion_error(v: View) -> tuple[tuple[int, ...], str] | None:
+    if not v.data.get("error"):
+        return None
+    numbers = v.data["numbers"]
+    why = (f"the head size {numbers[0]} is odd (rotary needs pairs)" if len(numbers) == 1 else
+           f"{numbers[0]} rows do not split into {numbers[1]} heads")
+    return numbers, why + "; name the sizes in the message"
+
+
+_CONVERSION = Check(
+    reference=lambda v: _permuted_rows(*v.args),
+    outputs=(Out("weight", "the weight with each head's rows reordered (evens, then odds)", atol=0.0, rtol=0.0,
+                 dtype=lambda v: v.args[0].dtype),),
+    raises=_conversion_error,
+    mistakes=mistakes_on(_CONVERSION_MISTAKES, lambda v: v.args),
+    matches=_exact,
+)
 
 
 EXERCISE = Exercise(
@@ -394,33 +376,33 @@ EXERCISE = Exercise(
             name="rotate_pairs",
             points=3,
             make_cases=_rotary_cases,
-            verify=_verify_rotary,
+            verify=_rotary_check("interleaved", "the rotary embedding", ROTARY_MISTAKES, (_length_changed,)),
             run=call_expecting_error,
         ),
         Part(
             name="score_at_offset",
             points=2,
             make_cases=_offset_cases,
-            verify=_verify_offset,
+            verify=_OFFSET,
         ),
         Part(
             name="add_alibi",
             points=4,
             make_cases=_alibi_cases,
-            verify=_verify_alibi,
+            verify=_ALIBI,
         ),
         Part(
             name="rotate_half",
             points=2,
             make_cases=_rotate_half_cases,
-            verify=_verify_rotate_half,
+            verify=_rotary_check("half", "rotate-half rotary", ROTATE_HALF_MISTAKES),
             run=call_expecting_error,
         ),
         Part(
             name="interleaved_to_half",
             points=2,
             make_cases=_conversion_cases,
-            verify=_verify_conversion,
+            verify=_CONVERSION,
             run=call_expecting_error,
         ),
     ),

@@ -15,20 +15,13 @@ a missing scale on ``dQ`` and ``dK``.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from attention_course.grading.compare import (
-    close_problem,
-    f64,
-    finite_problem,
-    first_problem,
-    tensor_problem,
-    tuple_problem,
-)
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_texts
+from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -84,24 +77,11 @@ _GQA_MISTAKES = (
 )
 
 
-def _verify_gqa(case: Case, output: Any) -> str | None:
-    query, key, value = (f64(t) for t in case.args)
-    mask = case.kwargs.get("mask")
-    group = query.size(1) // key.size(1)
-    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True)
-
-    def value_problem() -> str | None:
-        problem = close_problem(output, expected, "your output",
-                                "F.scaled_dot_product_attention(..., enable_gqa=True)")
-        if problem is None:
-            return None
-        return diagnose(_GQA_MISTAKES, output, query, key, value, mask, group) or problem
-
-    return first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-        value_problem,
-    )
+_GQA = Check(
+    reference=lambda v: F.scaled_dot_product_attention(*v.x, attn_mask=v.kwargs.get("mask"), enable_gqa=True),
+    outputs=(Out("output", "F.scaled_dot_product_attention(..., enable_gqa=True)"),),
+    mistakes=mistakes_on(_GQA_MISTAKES, lambda v: (*v.x, v.kwargs.get("mask"), v.args[0].size(1) // v.args[1].size(1))),
+)
 
 
 # --- part 2: the sliding-window mask ------------------------------------------------------------------------
@@ -126,46 +106,44 @@ def _window_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _window(query_positions: torch.Tensor, key_positions: torch.Tensor, low: int, high: int,
-            symmetric: bool = False) -> torch.Tensor:
+def _window_case(v: View, wider: int = 0, symmetric: bool = False) -> torch.Tensor:
+    """The case's window mask, ``0 <= i - j < window + wider`` (``|i - j|`` with ``symmetric``)."""
+    query_positions, key_positions, window = v.args
     offset = query_positions[:, None] - key_positions[None, :]
-    if symmetric:
-        offset = offset.abs()
-    return (offset >= low) & (offset < high)
+    offset = offset.abs() if symmetric else offset
+    return (offset >= 0) & (offset < window + wider)
 
 
-def _verify_window(case: Case, output: Any) -> str | None:
-    query_positions, key_positions, window = case.args
-    expected = _window(query_positions, key_positions, 0, window)
+def _boolean(v: View) -> str | None:
+    dtype = v.got.mask.dtype
+    return None if dtype == torch.bool else Finding(f"the mask must be a bool tensor, got dtype {dtype}",
+                                                    FailureKind.DTYPE)
 
-    def values() -> str | None:
-        if torch.equal(output, expected):
-            return None
-        wrong = {
-            "your window is one too wide: query i must see keys i - w + 1 .. i (w keys, itself included), "
-            "that is 0 <= i - j < w": _window(query_positions, key_positions, 0, window + 1),
-            "your window is one too narrow: each query sees w keys, itself included (0 <= i - j < w)":
-                _window(query_positions, key_positions, 0, window - 1),
-            "your mask lets queries see the future: the window is causal, 0 <= i - j (keys j > i are hidden)":
-                _window(query_positions, key_positions, 0, window, symmetric=True),
-            "your mask is the complement: True must mean 'may attend'": ~expected,
-        }
-        for message, variant in wrong.items():
-            if torch.equal(output, variant):
-                return message
-        row, col = (int(x) for x in (output != expected).nonzero()[0])
-        i, j = int(query_positions[row]), int(key_positions[col])
-        return (f"entry ({row}, {col}) (query position {i}, key position {j}) should be "
-                f"{bool(expected[row, col])}: i - j = {i - j}, window {window}")
 
-    def boolean() -> str | None:
-        return None if output.dtype == torch.bool else f"the mask must be a bool tensor, got dtype {output.dtype}"
+def _wrong_entry(v: View) -> str | None:
+    """The first wrong entry, with the positions and offset it stands for."""
+    if torch.equal(v.got.mask, v.want.mask):
+        return None
+    row, col = (int(x) for x in (v.got.mask != v.want.mask).nonzero()[0])
+    i, j = int(v.args[0][row]), int(v.args[1][col])
+    return (f"entry ({row}, {col}) (query position {i}, key position {j}) should be "
+            f"{bool(v.want.mask[row, col])}: i - j = {i - j}, window {v.args[2]}")
 
-    return first_problem(
-        lambda: tensor_problem(output, "your mask", expected.shape, floating=False),
-        boolean,
-        values,
-    )
+
+_WINDOW = Check(
+    reference=_window_case,
+    outputs=(Out("mask", floating=False, finite=False),),
+    properties=(_boolean,),
+    mistakes=(Mistake(lambda v: _window_case(v, wider=1), "your window is one too wide: query i must see keys "
+                      "i - w + 1 .. i (w keys, itself included), that is 0 <= i - j < w"),
+              Mistake(lambda v: _window_case(v, wider=-1),
+                      "your window is one too narrow: each query sees w keys, itself included (0 <= i - j < w)"),
+              Mistake(lambda v: _window_case(v, symmetric=True), "your mask lets queries see the future: the window "
+                      "is causal, 0 <= i - j (keys j > i are hidden)"),
+              Mistake(lambda v: ~v.want.mask, "your mask is the complement: True must mean 'may attend'")),
+    matches=lambda got, wrong: torch.equal(got, wrong),
+    explain=(_wrong_entry,),
+)
 
 
 # --- part 3: one tile of the FlashAttention backward pass ---------------------------------------------------
@@ -214,40 +192,35 @@ _TILE_MISTAKES = (
 )
 
 
-def _verify_tile(case: Case, output: Any) -> str | None:
-    q, k, v, grad_out, lse, delta, scale = case.args
-    expected = _tile_grads(q, k, v, grad_out, lse, delta, scale)
-    if "full" in case.data:  # one tile covers everything: the formulas must give autograd's gradients
-        full = [t.clone().requires_grad_() for t in case.data["full"][:3]]
-        out = torch.softmax(full[0] @ full[1].transpose(-2, -1) * scale, -1) @ full[2]
-        out.backward(case.data["full"][3])
-        if not all(torch.allclose(a, b.grad) for a, b in zip(expected, full)):  # pragma: no cover
-            return "internal error: the reference gradients disagree with autograd; please report it"
-    names = ("grad_query", "grad_key", "grad_value")
+_GRADS = ("grad_query", "grad_key", "grad_value")
 
-    def each(index: int) -> str | None:
-        return first_problem(
-            lambda: tensor_problem(output[index], f"your {names[index]}", expected[index].shape),
-            lambda: finite_problem(output[index], f"your {names[index]}"),
-        )
 
-    def values() -> str | None:
-        for index, name in enumerate(names):
-            problem = close_problem(output[index], expected[index], f"your {name}",
-                                    "the backward formulas for this tile", atol=1e-6, rtol=1e-5)
-            if problem:
-                scale = case.args[-1]
-                if index < 2 and torch.allclose(f64(output[index]) * scale, expected[index], atol=1e-6, rtol=1e-5):
-                    return (f"your {name} lacks the factor scale: the scores were multiplied by scale, so dQ and "
-                            "dK carry it as well")
-                return diagnose(_TILE_MISTAKES, output, *case.args) or problem
+def _autograd_agrees(v: View) -> str | None:
+    """With one tile covering everything, the reference formulas must give autograd's gradients."""
+    if "full" not in v.data:
         return None
+    full = [t.clone().requires_grad_() for t in v.data["full"][:3]]
+    out = torch.softmax(full[0] @ full[1].transpose(-2, -1) * v.args[-1], -1) @ full[2]
+    out.backward(v.data["full"][3])
+    if all(torch.allclose(getattr(v.want, name), t.grad) for name, t in zip(_GRADS, full)):
+        return None
+    return Finding("internal error: the reference gradients disagree with autograd; please report it",
+                   FailureKind.OTHER)  # pragma: no cover
 
-    return first_problem(
-        lambda: tuple_problem(output, *names),
-        lambda: each(0), lambda: each(1), lambda: each(2),
-        values,
-    )
+
+def _unscaled(name: str) -> Mistake:
+    return Mistake(lambda v: getattr(v.want, name) / v.args[-1], f"your {name} lacks the factor scale: the scores "
+                   "were multiplied by scale, so dQ and dK carry it as well", on=name)
+
+
+_TILE = Check(
+    reference=lambda v: _tile_grads(*v.args),
+    outputs=tuple(Out(name, "the backward formulas for this tile", atol=1e-6, rtol=1e-5) for name in _GRADS),
+    before=(_autograd_agrees,),
+    mistakes=(_unscaled("grad_query"), _unscaled("grad_key"),
+              *(Mistake(lambda v, m=m, i=i: m.variant(*v.args)[i], m.message, on=name)
+                for m in _TILE_MISTAKES for i, name in enumerate(_GRADS))),
+)
 
 
 EXERCISE = Exercise(
@@ -259,19 +232,19 @@ EXERCISE = Exercise(
             name="grouped_query_attention",
             points=3,
             make_cases=_gqa_cases,
-            verify=_verify_gqa,
+            verify=_GQA,
         ),
         Part(
             name="sliding_window_mask",
             points=2,
             make_cases=_window_cases,
-            verify=_verify_window,
+            verify=_WINDOW,
         ),
         Part(
             name="flash_backward_tile",
             points=3,
             make_cases=_tile_cases,
-            verify=_verify_tile,
+            verify=_TILE,
         ),
     ),
 )

@@ -15,21 +15,16 @@ scores or weights before the softmax, which renormalises them into a uniform ave
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from attention_course.grading.compare import (
-    close_problem,
     f64,
-    first_problem,
-    fmt,
-    matches,
-    scalar_problem,
-    tensor_problem,
 )
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, randn, with_texts
+from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
 from attention_course.interpretability import induction_score as reference_induction_score
 from attention_course.interpretability import repeated_random_tokens as reference_repeated
 
@@ -47,33 +42,38 @@ def _batch_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _verify_batch(case: Case, output: Any) -> str | None:
-    batch, half, vocab, seed = case.args
-    expected = reference_repeated(batch, half, vocab, torch.Generator().manual_seed(seed))
+def _halves_repeat(v: View) -> str | None:
+    half = v.args[1]
+    if torch.equal(v.got.batch[:, :half], v.got.batch[:, half:]):
+        return None
+    return ("the second half of each sequence must repeat the first, token for token: tokens[:, n:] equal to "
+            "tokens[:, :n] (draw n tokens once and concatenate them with themselves)")
 
-    def halves() -> str | None:
-        if torch.equal(output[:, :half], output[:, half:]):
-            return None
-        return ("the second half of each sequence must repeat the first, token for token: tokens[:, n:] equal to "
-                "tokens[:, :n] (draw n tokens once and concatenate them with themselves)")
 
-    def drawn() -> str | None:
-        if output.dtype != torch.int64:
-            return f"expected int64 token ids, got dtype {output.dtype}"
-        if int(output.min()) < 0 or int(output.max()) >= vocab:
-            low, high = int(output.min()), int(output.max())
-            return f"token ids must lie in 0 .. {vocab - 1}, yours range from {low} to {high}"
-        if torch.equal(output, expected):
-            return None
-        return ("your tokens are not the ones torch.randint(vocab_size, (batch_size, half_length), generator=...) "
-                "draws from a generator seeded with seed: make torch.Generator().manual_seed(seed), draw the "
-                "first half with it, in one call")
+def _token_ids(v: View) -> str | None:
+    tokens, vocab = v.got.batch, v.args[2]
+    if tokens.dtype != torch.int64:
+        return Finding(f"expected int64 token ids, got dtype {tokens.dtype}", FailureKind.DTYPE)
+    low, high = int(tokens.min()), int(tokens.max())
+    if 0 <= low and high < vocab:
+        return None
+    return f"token ids must lie in 0 .. {vocab - 1}, yours range from {low} to {high}"
 
-    return first_problem(
-        lambda: tensor_problem(output, "your batch", (batch, 2 * half), floating=False),
-        halves,
-        drawn,
-    )
+
+def _drawn(v: View) -> str | None:
+    if torch.equal(v.got.batch, v.want.batch):
+        return None
+    return ("your tokens are not the ones torch.randint(vocab_size, (batch_size, half_length), generator=...) "
+            "draws from a generator seeded with seed: make torch.Generator().manual_seed(seed), draw the "
+            "first half with it, in one call")
+
+
+_BATCH = Check(
+    reference=lambda v: reference_repeated(*v.args[:3], torch.Generator().manual_seed(v.args[3])),
+    outputs=(Out("batch", floating=False, finite=False),),
+    properties=(_halves_repeat, _token_ids),
+    explain=(_drawn,),
+)
 
 
 # --- part 2: the induction score -----------------------------------------------------------------------------
@@ -153,17 +153,11 @@ INDUCTION_MISTAKES = (
 )
 
 
-def _verify_induction(case: Case, output: Any) -> str | None:
-    weights, tokens = case.args
-    expected = reference_induction_score(f64(weights), tokens)  # (H,)
-
-    def values() -> str | None:
-        problem = close_problem(output, expected, "your scores", "the induction score", atol=1e-5, rtol=1e-4)
-        if problem is None:
-            return None
-        return diagnose(INDUCTION_MISTAKES, output, weights, tokens) or problem
-
-    return first_problem(lambda: tensor_problem(output, "your scores", (weights.size(1),)), values)
+_INDUCTION = Check(
+    reference=lambda v: reference_induction_score(*v.x),
+    outputs=(Out("scores", "the induction score"),),
+    mistakes=mistakes_on(INDUCTION_MISTAKES, lambda v: v.args),
+)
 
 
 # --- part 3: an ablation's loss change -----------------------------------------------------------------------
@@ -231,22 +225,14 @@ ABLATION_MISTAKES = (
 )
 
 
-def _verify_ablation(case: Case, output: Any) -> str | None:
-    expected = _change(case.args)
-
-    def values() -> str | None:
-        got = float(output)
-        if math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-5):
-            return None
-        known = diagnose(ABLATION_MISTAKES, got, case.args,
-                         matches=lambda a, b: math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5))
-        if known:
-            return known
-        if matches(torch.tensor(got), torch.tensor(0.0), atol=1e-7, rtol=0.0):
-            return "your loss change is 0: the ablation did not change the model's output"
-        return f"your loss change is {fmt(got)}, expected {fmt(expected)} (ablated loss minus clean loss)"
-
-    return first_problem(lambda: scalar_problem(output, "your loss change"), values)
+_ABLATION = Check(
+    reference=lambda v: torch.tensor(_change(v.args), dtype=torch.float64),
+    outputs=(Out("loss change", "the ablated loss minus the clean loss", scalar=True),),
+    mistakes=(*mistakes_on(ABLATION_MISTAKES, lambda v: (v.args,)),
+              Mistake(lambda v: torch.zeros((), dtype=torch.float64),
+                      "your loss change is 0: the ablation did not change the model's output")),
+    matches=lambda got, wrong: math.isclose(float(got), float(wrong), rel_tol=1e-4, abs_tol=1e-5),
+)
 
 
 EXERCISE = Exercise(
@@ -258,19 +244,19 @@ EXERCISE = Exercise(
             name="repeated_batch",
             points=2,
             make_cases=_batch_cases,
-            verify=_verify_batch,
+            verify=_BATCH,
         ),
         Part(
             name="induction_score",
             points=3,
             make_cases=_induction_cases,
-            verify=_verify_induction,
+            verify=_INDUCTION,
         ),
         Part(
             name="ablation_loss_change",
             points=3,
             make_cases=_ablation_cases,
-            verify=_verify_ablation,
+            verify=_ABLATION,
         ),
     ),
 )

@@ -19,14 +19,9 @@ from typing import Any
 
 import torch
 
-from attention_course.grading.compare import (
-    close_problem,
-    first_problem,
-    scalar_problem,
-    tensor_problem,
-    tuple_problem,
-)
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, diagnose, preamble, with_texts
+from attention_course.grading.compare import matches
+from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, with_texts
 
 PREAMBLE = preamble()
 
@@ -58,45 +53,45 @@ def _lookup(positions: torch.Tensor, block_table: torch.Tensor, block_size: int,
     return (index if logical else block_table[index]), offsets
 
 
-_LOOKUP_MISTAKES = (
-    Mistake(lambda p, t, s: _lookup(p, t, s, shift=1),
-            "your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
-            "p // block_size, counting from 0"),
-    Mistake(lambda p, t, s: _lookup(p, t, s, shift=-1),
-            "your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
-            "p // block_size, counting from 0"),
-    Mistake(lambda p, t, s: _lookup(p, t, s, logical=True),
-            "you returned the entry of the table (p // block_size), not the physical block stored there: "
-            "look it up in block_table"),
+def _lookup_mistake(message: str, **wrong: Any) -> Mistake:
+    """A wrong lookup, told by its blocks where its offsets are the learner's too."""
+    def variant(v: View) -> torch.Tensor | None:
+        blocks, offsets = _lookup(*v.args, **wrong)
+        return blocks if torch.equal(v.got.offsets.long(), offsets) else None
+    return Mistake(variant, message, on="blocks")
+
+
+_ONE_SLOT_OFF = ("your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
+                 "p // block_size, counting from 0")
+
+
+def _wrong_offset(v: View) -> str | None:
+    """Right blocks, a wrong offset: the first position whose offset is wrong."""
+    if not torch.equal(v.got.blocks.long(), v.want.blocks) or torch.equal(v.got.offsets.long(), v.want.offsets):
+        return None
+    i = int((v.got.offsets.long() != v.want.offsets).nonzero()[0])
+    return (f"position {int(v.args[0][i])}: your offset is {int(v.got.offsets[i])}, expected "
+            f"{int(v.want.offsets[i])} (position % block_size with block_size {v.args[2]})")
+
+
+def _wrong_block(v: View) -> str | None:
+    positions, block_table, block_size = v.args
+    if torch.equal(v.got.blocks.long(), v.want.blocks):
+        return None
+    i = int((v.got.blocks.long() != v.want.blocks).nonzero()[0])
+    return (f"position {int(positions[i])}: your block is {int(v.got.blocks[i])}, expected {int(v.want.blocks[i])} "
+            f"(entry {int(positions[i]) // block_size} of the table {block_table.tolist()})")
+
+
+_LOCATE = Check(
+    reference=lambda v: _lookup(*v.args),
+    outputs=(Out("blocks", floating=False, finite=False), Out("offsets", floating=False, finite=False)),
+    mistakes=(_lookup_mistake(_ONE_SLOT_OFF, shift=1), _lookup_mistake(_ONE_SLOT_OFF, shift=-1),
+              _lookup_mistake("you returned the entry of the table (p // block_size), not the physical block stored "
+                              "there: look it up in block_table", logical=True)),
+    matches=lambda got, wrong: torch.equal(got.long(), wrong),
+    explain=(_wrong_offset, _wrong_block),
 )
-
-
-def _verify_lookup(case: Case, output: Any) -> str | None:
-    positions, block_table, block_size = case.args
-    blocks, offsets = _lookup(positions, block_table, block_size)
-
-    def values() -> str | None:
-        if torch.equal(output[0].long(), blocks) and torch.equal(output[1].long(), offsets):
-            return None
-        wrong_offsets = (output[1].long() != offsets).nonzero()
-        if wrong_offsets.numel() and torch.equal(output[0].long(), blocks):
-            i = int(wrong_offsets[0])
-            return (f"position {int(positions[i])}: your offset is {int(output[1][i])}, expected "
-                    f"{int(offsets[i])} (position % block_size with block_size {block_size})")
-        message = diagnose(_LOOKUP_MISTAKES, tuple(output), positions, block_table, block_size,
-                           matches=lambda a, e: all(torch.equal(x.long(), y) for x, y in zip(a, e)))
-        if message:
-            return message
-        i = int((output[0].long() != blocks).nonzero()[0])
-        return (f"position {int(positions[i])}: your block is {int(output[0][i])}, expected {int(blocks[i])} "
-                f"(entry {int(positions[i]) // block_size} of the table {block_table.tolist()})")
-
-    return first_problem(
-        lambda: tuple_problem(output, "blocks", "offsets"),
-        lambda: tensor_problem(output[0], "your blocks", positions.shape, floating=False),
-        lambda: tensor_problem(output[1], "your offsets", positions.shape, floating=False),
-        values,
-    )
 
 
 # --- part 2: verifying a draft ------------------------------------------------------------------------------
@@ -146,50 +141,37 @@ def _verify_draft(draft: torch.Tensor, p_target: torch.Tensor, p_draft: torch.Te
     return draft.numel(), p_target[draft.numel()]
 
 
-_VERIFY_MISTAKES = (
-    Mistake(lambda *a: _verify_draft(*a, residual_from_target=True),
-            "after a rejection your next token comes from the target's distribution p: it must come from the "
-            "residual max(0, p - q), normalised (what acceptance left missing), or the output is not "
-            "distributed as p"),
+def _count(v: View) -> str | None:
+    """A wrong number of accepted tokens, told when it is what accepting without the ratio p/q gives."""
+    draft, p_target, p_draft, uniforms = v.args
+    n, expected_n = int(v.got.num_accepted), int(v.want.num_accepted)
+    if n == expected_n:
+        return None
+    if n > expected_n and n == _verify_draft(*v.args, ratio=False)[0]:
+        token = int(draft[expected_n])
+        return (f"draft token {expected_n} (id {token}) has p_target {float(p_target[expected_n, token]):.3g} < "
+                f"p_draft {float(p_draft[expected_n, token]):.3g} and u = {float(uniforms[expected_n]):.3g} is "
+                "above their ratio: accept with probability min(1, p/q), not whenever it is merely possible")
+    return f"you accepted {n} draft tokens, expected {expected_n}: token i is kept while u_i < min(1, p/q)"
+
+
+def _residual_from_target(v: View) -> torch.Tensor | None:
+    n, distribution = _verify_draft(*v.args, residual_from_target=True)
+    return distribution if int(v.got.num_accepted) == n else None
+
+
+_VERIFY = Check(
+    reference=lambda v: tuple(torch.tensor(float(t), dtype=torch.float64) if isinstance(t, int) else t
+                              for t in _verify_draft(*v.args)),
+    outputs=(Out("num_accepted", scalar=True),
+             Out("distribution", lambda v: "the residual max(0, p - q) normalised" if int(v.want.num_accepted) <
+                 v.args[0].numel() else "the target's distribution after the last draft token", atol=1e-6)),
+    explain=(_count,),
+    mistakes=(Mistake(_residual_from_target, "after a rejection your next token comes from the target's distribution "
+                      "p: it must come from the residual max(0, p - q), normalised (what acceptance left missing), or "
+                      "the output is not distributed as p", on="distribution"),),
+    matches=lambda got, wrong: matches(got, wrong, atol=1e-6, rtol=1e-5),
 )
-
-
-def _check_verify_output(output: Any, vocab: int) -> str | None:
-    return first_problem(
-        lambda: tuple_problem(output, "num_accepted", "distribution"),
-        lambda: scalar_problem(output[0], "num_accepted"),
-        lambda: tensor_problem(output[1], "your distribution", (vocab,)),
-    )
-
-
-def _verify_verify(case: Case, output: Any) -> str | None:
-    draft, p_target, p_draft, uniforms = case.args
-    expected_n, expected_dist = _verify_draft(draft, p_target, p_draft, uniforms)
-
-    def count() -> str | None:
-        n = int(output[0])
-        if n == expected_n:
-            return None
-        without_ratio, _ = _verify_draft(draft, p_target, p_draft, uniforms, ratio=False)
-        if n > expected_n and n == without_ratio:
-            i = expected_n
-            token = int(draft[i])
-            return (f"draft token {i} (id {token}) has p_target {float(p_target[i, token]):.3g} < p_draft "
-                    f"{float(p_draft[i, token]):.3g} and u = {float(uniforms[i]):.3g} is above their ratio: "
-                    "accept with probability min(1, p/q), not whenever it is merely possible")
-        return f"you accepted {n} draft tokens, expected {expected_n}: token i is kept while u_i < min(1, p/q)"
-
-    def distribution() -> str | None:
-        problem = close_problem(output[1], expected_dist, "your distribution",
-                                "the residual max(0, p - q) normalised" if expected_n < draft.numel()
-                                else "the target's distribution after the last draft token", atol=1e-6)
-        if problem is None:
-            return None
-        return diagnose(_VERIFY_MISTAKES, (int(output[0]), output[1]), draft, p_target, p_draft, uniforms,
-                        matches=lambda a, e: a[0] == e[0] and torch.allclose(a[1].double(), e[1], atol=1e-6)) \
-            or problem
-
-    return first_problem(lambda: _check_verify_output(output, p_target.size(1)), count, distribution)
 
 
 # --- part 3: the arithmetic intensity of a decode step ------------------------------------------------------
@@ -225,7 +207,7 @@ def _intensity(num_params: int, num_layers: int, d_model: int, d_kv: int, contex
 
 
 def _ratio_matches(actual: Any, expected: float) -> bool:
-    return isinstance(actual, (int, float)) and abs(float(actual) / expected - 1) < 1e-6
+    return abs(float(actual) / expected - 1) < 1e-6
 
 
 _INTENSITY_MISTAKES = (
@@ -240,16 +222,14 @@ _INTENSITY_MISTAKES = (
 )
 
 
-def _verify_intensity(case: Case, output: Any) -> str | None:
-    expected = _intensity(*case.args)
-
-    def value() -> str | None:
-        if _ratio_matches(float(output), expected):
-            return None
-        return (diagnose(_INTENSITY_MISTAKES, float(output), *case.args, matches=_ratio_matches)
-                or f"your intensity is {float(output):.6g} FLOP/byte, expected {expected:.6g}")
-
-    return first_problem(lambda: scalar_problem(output, "the intensity"), value)
+_INTENSITY = Check(
+    reference=lambda v: torch.tensor(_intensity(*v.args), dtype=torch.float64),
+    outputs=(Out("intensity", scalar=True),),
+    mistakes=mistakes_on(_INTENSITY_MISTAKES, lambda v: v.args),
+    matches=_ratio_matches,
+    explain=(lambda v: None if _ratio_matches(v.got.intensity, float(v.want.intensity)) else
+             f"your intensity is {float(v.got.intensity):.6g} FLOP/byte, expected {float(v.want.intensity):.6g}",),
+)
 
 
 EXERCISE = Exercise(
@@ -261,19 +241,19 @@ EXERCISE = Exercise(
             name="locate",
             points=2,
             make_cases=_lookup_cases,
-            verify=_verify_lookup,
+            verify=_LOCATE,
         ),
         Part(
             name="verify_draft",
             points=4,
             make_cases=_verify_cases,
-            verify=_verify_verify,
+            verify=_VERIFY,
         ),
         Part(
             name="decode_intensity",
             points=2,
             make_cases=_intensity_cases,
-            verify=_verify_intensity,
+            verify=_INTENSITY,
         ),
     ),
 )
