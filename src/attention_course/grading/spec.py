@@ -537,8 +537,7 @@ def with_texts(exercise: Exercise, path: Path | None = None) -> Exercise:
         text = texts.get(part.name)
         if not isinstance(text, dict):
             raise ValueError(f"{where}: part {part.name!r} has no [parts.{part.name}] table")
-        wrong = set(text) - _PART_KEYS
-        if wrong or set(text) != _PART_KEYS:
+        if set(text) != _PART_KEYS:
             raise ValueError(f"{where}: [parts.{part.name}] must hold exactly {sorted(_PART_KEYS)}, "
                              f"got {sorted(text)}")
         hints = tuple(_prose(text[tier], f"{where}: {part.name}.{tier}") for tier in HINT_TIERS)
