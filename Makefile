@@ -34,7 +34,8 @@ $(STAMP): requirements.txt pyproject.toml
 
 # What the site is built from: when none of it changed since the last successful build, `make book` does
 # nothing (so `make test` right after `make book` builds nothing). When something did, the notebooks run
-# first, in parallel, one thread each (_ext/course_execution.py): only those whose code cells changed, or
+# first, in parallel, one thread each, in kernels forked from a process that has imported PyTorch once
+# (_ext/course_execution.py, _ext/kernel_zygote.py): only those whose code cells changed, or
 # every one when the library changed; the others come from the cache in _build/.jupyter_cache/. The site
 # is then rebuilt whole, with warnings as errors. A fresh clone (CI) has no _build/ and executes everything.
 BOOK_SOURCES := _config.yml _toc.yml intro.md references.bib requirements.txt pyproject.toml \

@@ -1,13 +1,19 @@
 """Execute the book's notebooks in parallel, once per content, into the cache the book build reads.
 
-    python _ext/course_execution.py            # what `make book` runs before `jupyter-book build`
-    python _ext/course_execution.py --jobs 1   # one notebook at a time
+    python _ext/course_execution.py                  # what `make book` runs before `jupyter-book build`
+    python _ext/course_execution.py --jobs 1         # one notebook at a time
+    python _ext/course_execution.py --fresh-kernels  # every kernel started afresh (see below)
 
-Every notebook in ``_toc.yml`` runs in a fresh kernel, as many at once as the machine has cores, each kernel
-on one thread (``OMP_NUM_THREADS=1``: two busy kernels that each spread over both cores only stall each
-other). The executed notebooks go into a jupyter-cache folder ``_build/.jupyter_cache/course-<key>``, where the
-book build (``execute_notebooks: cache`` in ``_config.yml``) takes their outputs instead of running them
-again. What decides whether a notebook runs again:
+Every notebook in ``_toc.yml`` runs in a kernel of its own, as many at once as the machine has cores, each
+kernel on one thread (``OMP_NUM_THREADS=1``: two busy kernels that each spread over both cores only stall each
+other). Each worker forks its kernels from a **zygote** (``_ext/kernel_zygote.py``), a process that has
+imported PyTorch once: a kernel forked from it starts as a fresh one would (same folder, ``sys.path``,
+environment and arguments; ``tests/book/test_execution.py`` compares the two) without the two seconds of CPU
+that importing PyTorch costs every fresh kernel, once per notebook.
+
+The executed notebooks go into a jupyter-cache folder ``_build/.jupyter_cache/course-<key>``, where the book
+build (``execute_notebooks: cache`` in ``_config.yml``) takes their outputs instead of running them again.
+What decides whether a notebook runs again:
 
 - jupyter-cache finds a notebook's record by a hash of its code cells (their source and metadata) and its
   kernelspec, so an edited code cell re-executes that notebook alone, and edited prose re-executes nothing;
@@ -17,8 +23,9 @@ again. What decides whether a notebook runs again:
 - a fresh clone has no ``_build/``, so CI executes everything.
 
 Each record carries the notebook's wall time and its **kernel CPU time** (user and system time of the
-kernel and of the processes it waited for, read from ``RUSAGE_CHILDREN`` of the worker that started it),
-which the Runtimes page shows and the budget tests check (``_ext/course_site.py``, ``tests/book``). A cell
+kernel and of the processes it waited for: ``wait4`` in the zygote, or ``RUSAGE_CHILDREN`` of the worker that
+started a fresh kernel; a zygote's own start-up is charged to the first notebook it runs), which the Runtimes
+page shows and the budget tests check (``_ext/course_site.py``, ``tests/book``). A cell
 that raises fails the run: every notebook still runs, then each failure is printed with its traceback and
 the exit status is 1, so the book is never built from a partly executed notebook.
 """
@@ -28,11 +35,18 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import multiprocessing
 import os
+import queue
 import resource
+import secrets
+import select
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -149,12 +163,152 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class KernelZygote:
+    """This worker's kernel zygote (``_ext/kernel_zygote.py``): a kernel per notebook, forked with PyTorch imported.
+
+    The zygote's own start-up CPU time (interpreter and imports) is charged to the first notebook it runs, so
+    that the book's total still counts every second of kernel CPU; each later notebook is charged its forked
+    kernel's CPU only, the import it no longer repeats left out.
+    """
+
+    def __init__(self) -> None:
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, str(ZYGOTE), str(requests_read), str(replies_write)],
+            pass_fds=(requests_read, replies_write),
+        )
+        os.close(requests_read)
+        os.close(replies_write)
+        self._requests, self._replies, self._buffer = requests_write, replies_read, b""
+        self.unclaimed_cpu = float(self._read(STARTUP_TIMEOUT)["preload_cpu_s"])
+
+    def _read(self, timeout: float) -> dict:
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._replies], [], [], timeout)
+            if not ready:
+                raise TimeoutError(f"the kernel zygote sent nothing for {timeout:.0f} s")
+            chunk = os.read(self._replies, 65536)
+            if not chunk:
+                raise RuntimeError(f"the kernel zygote exited (status {self.process.wait()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, notebook, timeout: int, cwd: str) -> tuple[float, str | None]:
+        """Run ``notebook`` (a NotebookNode, filled in place) in a forked kernel: ``(kernel CPU s, error)``."""
+        from jupyter_client.connect import write_connection_file
+
+        handle, connection_file = tempfile.mkstemp(prefix="course-kernel-", suffix=".json")
+        os.close(handle)
+        write_connection_file(connection_file, ip="127.0.0.1", key=secrets.token_hex(16).encode())
+        try:
+            os.write(self._requests, (json.dumps({"connection_file": connection_file, "cwd": cwd}) + "\n").encode())
+            pid = int(self._read(STARTUP_TIMEOUT)["pid"])
+            error = None
+            try:
+                _run_in_kernel(notebook, timeout, connection_file, pid)
+            except Exception:  # as for a fresh kernel: a cell's error, a timeout, a kernel that died
+                error = traceback.format_exc()
+            if _alive(pid):  # a kernel that died needs no request
+                _request_shutdown(connection_file)
+            try:
+                exited = self._read(SHUTDOWN_TIMEOUT)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                exited = self._read(STARTUP_TIMEOUT)
+        finally:
+            os.unlink(connection_file)
+        cpu, self.unclaimed_cpu = float(exited["cpu_s"]) + self.unclaimed_cpu, 0.0
+        return cpu, error
+
+
+ZYGOTE = Path(__file__).with_name("kernel_zygote.py")
+STARTUP_TIMEOUT, SHUTDOWN_TIMEOUT = 120.0, 30.0
+_zygote: KernelZygote | None = None  # this worker's, started by start_worker
+
+
+def _run_in_kernel(notebook, timeout: int, connection_file: str, pid: int) -> None:
+    """nbclient's execution of ``notebook`` in the running kernel ``pid`` that ``connection_file`` describes."""
+    from jupyter_client import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    class ForkedKernelManager(AsyncKernelManager):
+        async def _async_is_alive(self) -> bool:  # nbclient's check for a kernel that died mid-cell
+            return _alive(pid)
+
+        is_alive = _async_is_alive  # the manager's name for it; its client calls the one above
+
+    class ForkedKernelClient(NotebookClient):
+        async def async_start_new_kernel(self, **kwargs) -> None:
+            """The zygote has started it."""
+
+    manager = ForkedKernelManager(connection_file=connection_file, owns_kernel=False)
+    manager.load_connection_file()
+    client = ForkedKernelClient(notebook, km=manager, **_client_options(timeout))
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
+
+
+def _alive(pid: int) -> bool:
+    """Whether the kernel ``pid`` still runs (the zygote reaps it as soon as it exits)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _request_shutdown(connection_file: str) -> None:
+    """Ask the kernel to exit as nbclient does (a shutdown request), so that its exit handlers run."""
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient(connection_file=connection_file)
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        request = client.shutdown()
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT
+        while time.monotonic() < deadline:  # the reply: the request has arrived (closing sooner may drop it)
+            reply = client.get_control_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            if reply.get("parent_header", {}).get("msg_id") == request:
+                break
+    except queue.Empty:  # no reply: the caller kills the kernel
+        pass
+    finally:
+        client.stop_channels()
+
+
+def _client_options(timeout: int) -> dict:
+    return {
+        "timeout": timeout,
+        "allow_errors": False,
+        "record_timing": False,  # timings in the cells' metadata would change jupyter-cache's hash of the notebook
+    }
+
+
+def start_worker(preloaded_kernels: bool) -> None:
+    """A worker's start: the kernels' environment, and its kernel zygote unless fresh kernels are asked for."""
+    global _zygote
+    os.environ.update(KERNEL_ENV)  # before the zygote starts: it imports PyTorch with one thread
+    if preloaded_kernels:
+        try:
+            _zygote = KernelZygote()
+        except Exception as problem:  # the book still builds, each notebook in a fresh kernel
+            print(f"course_execution: no kernel zygote ({problem}); fresh kernels instead", flush=True)
+
+
 def execute_notebook(path: str, timeout: int) -> dict:
-    """Run the notebook at ``path`` in a fresh kernel started from this process; return what happened.
+    """Run the notebook at ``path`` in its own kernel started from this process; return what happened.
 
     ``{"path", "notebook" (the executed notebook as JSON text, None on failure), "error" (None or the
-    traceback), "cpu_s", "wall_s"}``. The kernel is this process's only child and nbclient waits for it to
-    exit, so the growth of ``RUSAGE_CHILDREN`` over the run is its CPU time.
+    traceback), "cpu_s", "wall_s"}``. A ``python3`` notebook runs in a kernel forked by this worker's zygote,
+    which reports the kernel's CPU time; any other kernel (or none, without a zygote) is started by nbclient,
+    and is then this process's only child, which nbclient waits for, so the growth of ``RUSAGE_CHILDREN``
+    over the run is its CPU time.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -163,21 +317,21 @@ def execute_notebook(path: str, timeout: int) -> dict:
     source = nbformat.read(path, as_version=4)
     notebook = copy.deepcopy(source)
     kernel = (source.metadata.get("kernelspec") or {}).get("name", "python3")
-    client = NotebookClient(
-        notebook,
-        timeout=timeout,
-        allow_errors=False,
-        record_timing=False,  # timings in the cells' metadata would change jupyter-cache's hash of the notebook
-        kernel_name=kernel,
-        resources={"metadata": {"path": str(Path(path).parent)}},  # the notebook's folder, as run_in_temp: false
-    )
+    folder = str(Path(path).parent)  # the notebook's folder, as run_in_temp: false
     cpu, wall = _children_cpu(), time.perf_counter()
     error = None
-    try:
-        client.execute()
-    except Exception:  # a cell's error, a timeout, a kernel that died: all reported with the notebook's name
-        error = traceback.format_exc()
-    result = {"path": path, "cpu_s": round(_children_cpu() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+    if _zygote is not None and kernel == "python3":
+        cpu_s, error = _zygote.execute(notebook, timeout, folder)
+    else:
+        client = NotebookClient(
+            notebook, kernel_name=kernel, resources={"metadata": {"path": folder}}, **_client_options(timeout)
+        )
+        try:
+            client.execute()
+        except Exception:  # a cell's error, a timeout, a kernel that died: all reported with the notebook's name
+            error = traceback.format_exc()
+        cpu_s = _children_cpu() - cpu
+    result = {"path": path, "cpu_s": round(cpu_s, 2), "wall_s": round(time.perf_counter() - wall, 2)}
     if error is None:
         # Same code cells as the source (nbclient only adds outputs): the cache must match the source's hash.
         notebook.metadata["kernelspec"] = source.metadata.get("kernelspec", notebook.metadata.get("kernelspec"))
@@ -196,9 +350,17 @@ def relative(path: Path, root: Path = ROOT) -> str:
 
 
 def execute_book(
-    notebooks: list[Path], cache_path: Path, jobs: int, timeout: int, root: Path = ROOT
+    notebooks: list[Path],
+    cache_path: Path,
+    jobs: int,
+    timeout: int,
+    root: Path = ROOT,
+    preloaded_kernels: bool = True,
 ) -> dict[str, list[str]]:
     """Execute the notebooks that the cache lacks, ``jobs`` at a time, and cache those that succeed.
+
+    With ``preloaded_kernels`` each worker forks its kernels from a zygote that has imported PyTorch once
+    (``_ext/kernel_zygote.py``); without, each notebook starts a fresh kernel.
 
     Returns ``{"executed": [...], "failed": [...]}``, notebooks named relative to ``root``.
     """
@@ -230,7 +392,9 @@ def execute_book(
 
     started, done_names, failures, total_cpu = time.perf_counter(), [], [], 0.0
     context = multiprocessing.get_context("spawn")  # no inherited event loops or zmq sockets in the workers
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=start_worker, initargs=(preloaded_kernels,)
+    ) as pool:
         futures = [pool.submit(execute_notebook, str(path), timeout) for path in stale]
         for done, future in enumerate(as_completed(futures), start=1):
             result = future.result()
@@ -277,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to execute (default: every one in _toc.yml)")
     parser.add_argument("--jobs", type=int, default=available_cores(), help="notebooks at once (default: the cores)")
+    parser.add_argument(
+        "--fresh-kernels",
+        action="store_true",
+        help="start every kernel afresh instead of forking it from a zygote that has imported PyTorch",
+    )
     args = parser.parse_args(argv)
     notebooks = [path.resolve() for path in args.notebooks] or book_notebooks(ROOT)
     missing = [str(path) for path in notebooks if not path.exists()]
@@ -287,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     current = cache_folder(ROOT)
     for removed in prune_caches(current):
         print(f"course_execution: removed the old cache {relative(removed)}", flush=True)
-    failed = execute_book(notebooks, current, args.jobs, cell_timeout(ROOT), ROOT)["failed"]
+    failed = execute_book(
+        notebooks, current, args.jobs, cell_timeout(ROOT), ROOT, preloaded_kernels=not args.fresh_kernels
+    )["failed"]
     if failed:
         print(f"course_execution: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

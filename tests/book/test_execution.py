@@ -133,3 +133,105 @@ def test_module_index_togglers_get_alt_text_naming_their_module():
     assert 'alt="-"' not in fixed
     assert 'alt="Collapse or expand the submodules of attention_course"' in fixed
     assert course_site.describe_index_togglers(fixed) == fixed
+
+
+# --- kernels forked from the zygote (_ext/kernel_zygote.py) ------------------------------------------------------
+
+PROBE = """import os, sys
+import torch
+print("cwd", os.path.basename(os.getcwd()))
+print("_ext on sys.path", any(os.path.basename(p.rstrip(os.sep)) == "_ext" for p in sys.path))
+print("threads", os.environ["OMP_NUM_THREADS"], torch.get_num_threads())
+print("hash seed", os.environ.get("PYTHONHASHSEED"), hash("attention"))
+print("parent", os.environ.get("JPY_PARENT_PID") == str(os.getppid()))
+print("main", __name__)"""
+
+
+def _outputs(root: Path, path: Path) -> list[str]:
+    from jupyter_cache import get_cache
+
+    record = _record(root, path)
+    assert record is not None, f"{path.name} was not cached"
+    cached = get_cache(str(execution.cache_folder(root))).get_cache_bundle(record.pk).nb
+    return ["".join(output.get("text", "")) for cell in cached.cells for output in cell.get("outputs", [])]
+
+
+def test_a_forked_kernel_starts_as_a_fresh_one_would(tmp_path):
+    """Same folder, sys.path, threads, hash seed, parent and __main__ as a kernel that nbclient starts."""
+    seen = {}
+    for preloaded in (True, False):
+        root = tmp_path / str(preloaded)
+        (root / "src" / "attention_course").mkdir(parents=True)
+        probe = _write(root / "chapters" / "01_probe.ipynb", nbformat.v4.new_code_cell(PROBE))
+        result = execution.execute_book(
+            [probe], execution.cache_folder(root), jobs=1, timeout=60, root=root, preloaded_kernels=preloaded
+        )
+        assert result == {"executed": ["chapters/01_probe.ipynb"], "failed": []}
+        seen[preloaded] = _outputs(root, probe)
+    assert seen[True] == seen[False], f"forked: {seen[True]}\nfresh: {seen[False]}"
+    text = seen[True][0]
+    for line in ("cwd chapters", "_ext on sys.path False", "threads 1 1",
+                 "parent True", "main __main__"):
+        assert line in text, f"{line!r} not in the probe's output:\n{text}"
+
+
+def test_the_zygote_start_up_is_charged_to_one_notebook_once(tmp_path):
+    """Its import of PyTorch (over a second of CPU) is counted in the first notebook's time, not in later ones."""
+    (tmp_path / "src" / "attention_course").mkdir(parents=True)
+    notebooks = [
+        _write(tmp_path / "chapters" / f"0{index}_n.ipynb", nbformat.v4.new_code_cell(f"{index} + 1")) for index in (1, 2, 3)
+    ]
+    assert _run(tmp_path, notebooks, jobs=1)["failed"] == []
+    cpu = sorted(_record(tmp_path, path).data[execution.CPU_KEY] for path in notebooks)
+    assert cpu[-1] >= 1.0, f"the start-up's CPU time is missing: {cpu}"
+    assert cpu[1] < cpu[-1] / 2, f"the start-up was charged more than once: {cpu}"
+
+
+def test_a_kernel_that_dies_fails_its_notebook_and_the_next_one_runs(tmp_path, capsys):
+    (tmp_path / "src" / "attention_course").mkdir(parents=True)
+    dies = _write(tmp_path / "chapters" / "01_dies.ipynb", nbformat.v4.new_code_cell("import os\nos._exit(3)"))
+    after = _write(tmp_path / "chapters" / "02_after.ipynb", nbformat.v4.new_code_cell("print('still here')"))
+    result = _run(tmp_path, [dies, after], jobs=1)
+    assert result == {"executed": ["chapters/02_after.ipynb"], "failed": ["chapters/01_dies.ipynb"]}
+    assert "DeadKernelError" in capsys.readouterr().err
+    assert "still here" in _outputs(tmp_path, after)[0]
+
+
+def test_a_stopped_worker_takes_its_zygote_and_kernel_with_it(tmp_path):
+    """Ending the worker (make book interrupted) ends its zygote and a kernel still running a cell."""
+    import signal
+    import subprocess
+    import time
+
+    started, notebook_path = tmp_path / "kernel.pid", tmp_path / "sleeps.ipynb"
+    sleeps = f"import os, time\nopen({str(started)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)"
+    _write(notebook_path, nbformat.v4.new_code_cell(sleeps))
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT / '_ext')!r})\n"
+        "import course_execution as execution\n"
+        "execution.start_worker(True)\n"
+        "print(execution._zygote.process.pid, flush=True)\n"
+        f"execution.execute_notebook({str(notebook_path)!r}, 600)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    zygote = int(worker.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not (started.exists() and started.read_text()):
+        assert time.monotonic() < deadline and worker.poll() is None, "the kernel never ran its cell"
+        time.sleep(0.2)
+    kernel = int(started.read_text())
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+
+    def gone(pid: int) -> bool:  # exited: no such process, or a zombie that nobody has reaped yet
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        return state in ("Z", "X")
+
+    deadline = time.monotonic() + 20
+    while not (gone(kernel) and gone(zygote)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone(kernel), "the kernel outlived its worker"
+    assert gone(zygote), "the zygote outlived its worker"
