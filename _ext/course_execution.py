@@ -203,7 +203,11 @@ class KernelZygote:
         os.close(handle)
         write_connection_file(connection_file, ip="127.0.0.1", key=secrets.token_hex(16).encode())
         try:
-            os.write(self._requests, (json.dumps({"connection_file": connection_file, "cwd": cwd}) + "\n").encode())
+            request = json.dumps({"connection_file": connection_file, "cwd": cwd}) + "\n"
+            try:
+                os.write(self._requests, request.encode())
+            except BrokenPipeError:
+                raise RuntimeError(f"the kernel zygote exited (status {self.process.wait()})") from None
             pid = int(self._read(STARTUP_TIMEOUT)["pid"])
             error = None
             try:
@@ -320,8 +324,12 @@ def execute_notebook(path: str, timeout: int) -> dict:
     folder = str(Path(path).parent)  # the notebook's folder, as run_in_temp: false
     cpu, wall = _children_cpu(), time.perf_counter()
     error = None
+    global _zygote
     if _zygote is not None and kernel == "python3":
-        cpu_s, error = _zygote.execute(notebook, timeout, folder)
+        try:
+            cpu_s, error = _zygote.execute(notebook, timeout, folder)
+        except Exception:  # the zygote itself failed: this notebook fails, the next ones get fresh kernels
+            cpu_s, error, _zygote = 0.0, traceback.format_exc(), None
     else:
         client = NotebookClient(
             notebook, kernel_name=kernel, resources={"metadata": {"path": folder}}, **_client_options(timeout)

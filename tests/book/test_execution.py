@@ -235,3 +235,22 @@ def test_a_stopped_worker_takes_its_zygote_and_kernel_with_it(tmp_path):
         time.sleep(0.2)
     assert gone(kernel), "the kernel outlived its worker"
     assert gone(zygote), "the zygote outlived its worker"
+
+
+def test_a_zygote_that_dies_fails_one_notebook_and_the_rest_run_in_fresh_kernels(tmp_path):
+    (tmp_path / "src" / "attention_course").mkdir(parents=True)
+    first = _write(tmp_path / "chapters" / "01_a.ipynb", nbformat.v4.new_code_cell("print('a')"))
+    second = _write(tmp_path / "chapters" / "02_b.ipynb", nbformat.v4.new_code_cell("print('b')"))
+    execution.start_worker(True)
+    try:
+        execution._zygote.process.kill()
+        execution._zygote.process.wait()
+        lost = execution.execute_notebook(str(first), 60)
+        assert lost["error"] and "zygote exited" in lost["error"] and lost["notebook"] is None
+        assert execution._zygote is None, "the dead zygote was asked again"
+        fresh = execution.execute_notebook(str(second), 60)
+        assert fresh["error"] is None
+        outputs = nbformat.reads(fresh["notebook"], as_version=4).cells[0].outputs
+        assert [output.get("text") for output in outputs] == ["b\n"]
+    finally:
+        execution._zygote = None
