@@ -6,6 +6,7 @@ No built site is needed: these tests run with the library tests' speed (a few ke
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -237,7 +238,9 @@ def test_a_stopped_worker_takes_its_zygote_and_kernel_with_it(tmp_path):
     assert gone(zygote), "the zygote outlived its worker"
 
 
-def test_a_zygote_that_dies_fails_one_notebook_and_the_rest_run_in_fresh_kernels(tmp_path):
+def test_a_zygote_that_dies_fails_one_notebook_and_the_rest_run_in_fresh_kernels(tmp_path, monkeypatch):
+    for name in execution.KERNEL_ENV:  # set in this process by the worker's start: restored afterwards
+        monkeypatch.setenv(name, os.environ.get(name, ""))
     (tmp_path / "src" / "attention_course").mkdir(parents=True)
     first = _write(tmp_path / "chapters" / "01_a.ipynb", nbformat.v4.new_code_cell("print('a')"))
     second = _write(tmp_path / "chapters" / "02_b.ipynb", nbformat.v4.new_code_cell("print('b')"))
