@@ -8,7 +8,7 @@ Every notebook in ``_toc.yml`` runs in a kernel of its own, as many at once as t
 kernel on one thread (``OMP_NUM_THREADS=1``: two busy kernels that each spread over both cores only stall each
 other). Each worker forks its kernels from a **zygote** (``_ext/kernel_zygote.py``), a process that has
 imported PyTorch once: a kernel forked from it starts as a fresh one would (same folder, ``sys.path``,
-environment and arguments; ``tests/book/test_execution.py`` compares the two) without the two seconds of CPU
+environment and arguments; ``tests/book/test_execution.py`` compares the two) without the 2.5-3 s of CPU
 that importing PyTorch costs every fresh kernel, once per notebook.
 
 The executed notebooks go into a jupyter-cache folder ``_build/.jupyter_cache/course-<key>``, where the book

@@ -2,12 +2,13 @@
 
     python _ext/kernel_zygote.py REQUESTS_FD REPLIES_FD     # started by course_execution.py's workers
 
-Every lesson's kernel imports PyTorch first, about two seconds of CPU, and a fresh kernel pays it again for
-each of the book's notebooks. This process (the "zygote") pays it once: it imports PyTorch, NumPy and the
-kernel machinery, then forks a kernel for each notebook it is asked to run. A forked kernel starts as a fresh
-``python -m ipykernel_launcher`` would (same interpreter, environment, ``sys.path`` and arguments), except
-that those modules are already in ``sys.modules``. Nothing runs in the zygote before the fork but imports: no
-threads, no event loop, no ZeroMQ context, no course code, no matplotlib (whose backend a kernel chooses).
+Every lesson's kernel imports PyTorch first (2.5-3 s of CPU on a two-core build machine), and a fresh
+kernel pays it again for each of the book's notebooks. This process (the "zygote") pays it once: it imports
+PyTorch, NumPy and the kernel machinery, then forks a kernel for each notebook it is asked to run. A forked
+kernel starts as a fresh ``python -m ipykernel_launcher`` would (same interpreter, environment, ``sys.path``
+and arguments), except that those modules are already in ``sys.modules``. Nothing runs in the zygote before
+the fork but imports: no threads, no event loop, no ZeroMQ context, no course code, no matplotlib (whose
+backend a kernel chooses).
 
 The protocol is one JSON object per line. The zygote first replies
 ``{"preload_cpu_s": CPU seconds of its start-up and imports}``. Then, for each request
