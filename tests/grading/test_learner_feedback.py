@@ -455,7 +455,7 @@ def test_pytorch_shape_errors_read_in_plain_words(make, words):
     assert shape_words("CUDA out of memory") is None
 
 
-# --- g. the notebook check's worker is started ahead of need, after the check before it --------------------
+# --- g. the notebook check's workers: started ahead of need, forked from one zygote per kernel --------------------
 def test_a_pool_taken_without_refill_starts_the_replacement_only_when_asked(monkeypatch):
     started: list[object] = []
 
@@ -498,20 +498,20 @@ def hard_attention_weights(scores):
 """
 
 
-def test_the_check_starts_the_next_worker_only_while_a_part_has_not_passed(monkeypatch):
-    """A finished notebook (every part passed) leaves no worker started for nothing; a learner still working
-    finds one ready for the next check."""
+def test_the_check_keeps_its_zygote_only_while_a_part_has_not_passed(monkeypatch):
+    """A learner still working keeps the zygote for the next check; a finished notebook (every part passed)
+    stops it, so that it holds no memory for nothing."""
     from attention_course.grading import sandbox
     from attention_course.grading.judge import PASSED
 
-    started: list[str] = []
-    monkeypatch.setattr(sandbox, "prewarm", lambda isolation="auto", **kwargs: started.append(isolation))
+    released: list[str] = []
+    monkeypatch.setattr(sandbox, "release", lambda isolation="auto", **kwargs: released.append(isolation))
     exercise = get_exercise("ex02")
     checker = Checker(exercise, seed=0, isolated=True)
     for part in exercise.parts[1:]:  # every other part has passed already
         checker._verdicts[part.name] = PartVerdict(part.name, part.points, PASSED, "passed")
     checker.hard_attention_weights(_cell_function(_HARD.replace("argmax", "argmin"), "wrong"))
-    assert checker._verdicts["hard_attention_weights"].cases and started == ["auto"]  # ran, failed: one started
+    assert checker._verdicts["hard_attention_weights"].cases and released == []  # ran, failed: zygote kept
     assert not checker.passed("hard_attention_weights")
     checker.hard_attention_weights(_cell_function(_HARD, "right"))
-    assert checker.passed("hard_attention_weights") and started == ["auto"]  # all passed: none started
+    assert checker.passed("hard_attention_weights") and released == ["auto"]  # all passed: zygote stopped

@@ -6,9 +6,11 @@ runs them after the exercise's trusted preamble in a fresh process, through the 
 (:func:`attention_course.grading.sandbox.run_parts` and :func:`attention_course.grading.evaluate.assemble`),
 and prints one line per case, a result line and a progress line. That process has a time limit per part,
 so an infinite loop is stopped and named; where the operating system's sandbox is not available (Colab,
-macOS) it runs unisolated, and the check says so once. The worker is started ahead of need (by
-``exercise(...)``, then by each check for the next one), so a check does not wait for Python and PyTorch to
-start: each worker still serves one check only.
+macOS) it runs unisolated, and the check says so once. A check does not wait for Python and PyTorch to
+start: ``exercise(...)`` starts a zygote for the kernel (:class:`~attention_course.grading.launcher.Zygote`,
+in a sandbox of its own), which imports them once and forks a fresh process for each check; between two
+checks it kills whatever the last one left running and removes what it left in ``/tmp``, and a check that
+ends badly takes the zygote with it. Once every part passes the zygote stops.
 
 Where the learner's code depends on something the grader will not see (a helper or an import in another
 cell, an edited check cell), the check says so in words. Outside a notebook kernel (a function whose cell
@@ -262,8 +264,10 @@ class Checker:
         cases = {name: cases[name] for name in wanted if name in sources}
         to_run = [(p.name, cases[p.name]) for p in exercise.parts if p.name in cases]
         limit = self._time_limit or part.time_limit or NOTEBOOK_TIME_LIMIT
+        # One zygote per kernel (reuse): each check forks a fresh process from it instead of importing PyTorch
+        # again; the grader gives each notebook a sandbox of its own and runs the same job protocol.
         result = sandbox.run_parts(exercise.id, exercise.preamble, ordered, to_run, timeout=limit, isolation="auto",
-                                   allowed=exercise_allowed(exercise.id), warm=1, refill=False)
+                                   allowed=exercise_allowed(exercise.id), reuse=True)
         isolated_by_os = getattr(result, "isolated", None)
         if isolated_by_os is False:
             self._say_once(notes, "unisolated",
@@ -277,11 +281,11 @@ class Checker:
         verdict = verdicts[part.name]
         if problem:
             verdict = failed_part(part, f"no marks: {problem}", kind=FailureKind.FORBIDDEN)
-        # Start the next check's worker now that this one is over (so that it does not compete with this
-        # check), unless every part passes: a finished notebook would leave a worker started for nothing.
+        # Once every part passes, stop the zygote: a finished notebook would keep it for nothing (a later
+        # check starts another).
         latest = {**self._verdicts, part.name: verdict}
-        if not all(name in latest and latest[name].passed for name in self._part_names()):
-            sandbox.prewarm(isolation="auto")
+        if all(name in latest and latest[name].passed for name in self._part_names()):
+            sandbox.release(isolation="auto")
         return verdict
 
     def _say_once(self, notes: list[str], key: str, text: str) -> None:
@@ -329,7 +333,7 @@ def exercise(exercise_id: str, seed: int | None = None, time_limit: float | None
         from attention_course.grading import sandbox
 
         try:
-            sandbox.prewarm()
+            sandbox.prewarm(reuse=True)
         except Exception:  # a check starts its own worker anyway
             pass
     print(f"Checks for {ex.id} ({ex.title}) are ready: {len(ex.parts)} parts, {ex.max_score} points. "

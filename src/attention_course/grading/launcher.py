@@ -15,6 +15,11 @@ A :class:`Sandbox` gives the grader:
 - :meth:`Sandbox.kill`: SIGKILL to the sandbox's PID 1 and to bwrap, so that every process inside dies
   with it (a double-forked daemon included), then reaps bwrap and removes the private folder.
 
+The notebook check uses a :class:`Zygote` instead (through a :class:`ZygotePool`): one sandbox per kernel
+whose worker imports once and forks a fresh process per check (a :class:`ForkedWorker`, watched exactly as a
+:class:`Sandbox` is), since a learner's checks come one after another from one notebook. The grader never
+does: every notebook attempt it makes gets a sandbox of its own.
+
 Without isolation (``isolated=False``, the grader's ``--no-sandbox``), the same worker runs as a plain
 ``python -I -B`` process in a session of its own, with the same rlimits, but with the instructor's rights.
 """
@@ -24,14 +29,17 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from attention_course.grading import memory_cgroup
 from attention_course.grading.channel import FrameReader, parse_header
@@ -45,8 +53,8 @@ from attention_course.grading.isolation import (
 )
 from attention_course.grading.worker import bootstrap_source
 
-__all__ = ["OUTPUT_LOG", "STATUS_LOST", "Sandbox", "SandboxPool", "close_pools", "kill_group", "pool",
-           "sandbox_uids"]
+__all__ = ["ForkedWorker", "OUTPUT_LOG", "STATUS_LOST", "Sandbox", "SandboxPool", "Zygote", "ZygotePool",
+           "close_pools", "kill_group", "pool", "sandbox_uids", "zygote_pool"]
 
 OUTPUT_LOG = "output.log"
 STATUS_LOST = -(2**16)  # exit status of a worker whose fate is unknown
@@ -161,7 +169,7 @@ class Sandbox:
         output_limit: bytes of output the worker allows itself (and the file-size limit's floor).
     """
 
-    def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
+    def __init__(self, isolated: bool, limits: Limits, output_limit: int, zygote: bool = False) -> None:
         global _swept
         if not _swept:
             _swept = True
@@ -177,13 +185,20 @@ class Sandbox:
         self.peak_memory: int | None = None  # bytes, from the memory cgroup, once killed
         self.shared_memory_limited: bool | None = None  # kernel.shm* set in its IPC namespace (as root)
         self._limits = limits
-        read_end, write_end = os.pipe()
+        self.control: socket.socket | None = None
+        if zygote:  # a control socket (file descriptors travel on it) instead of the channel pipe
+            self.control, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            read_end, write_end = -1, inner.detach()
+        else:
+            read_end, write_end = os.pipe()
         settings = {
             # Every file, the output log included, stops one byte past the output limit (RLIMIT_FSIZE).
             "file_size": output_limit + 1,
             "processes": limits.processes,
             "cpu_seconds": limits.cpu_seconds,
             "memory": limits.memory,
+            "zygote": zygote,
+            "own_pid_namespace": isolated,  # the zygote may kill(-1) after a job only in a PID namespace of its own
         }
         argv = [sys.executable, "-I", "-B", "-c", bootstrap_source(str(package_root()), write_end,
                                                                    settings)]
@@ -209,7 +224,10 @@ class Sandbox:
                                           pass_fds=(write_end,), start_new_session=True,
                                           cwd=self.dir if not isolated else "/", preexec_fn=before_exec)
         except BaseException:
-            os.close(read_end)
+            if read_end >= 0:
+                os.close(read_end)
+            if self.control is not None:
+                self.control.close()
             if self.cgroup is not None:
                 self.cgroup.remove()
             self._cleanup_files()
@@ -218,54 +236,43 @@ class Sandbox:
             os.close(write_end)
             os.close(log)
         self.pid = self._proc.pid
-        self.channel = FrameReader(read_end, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
+        self.channel = (FrameReader(read_end, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
+                        if read_end >= 0 else None)
         _live.add(self)
 
     # --- starting -----------------------------------------------------------------------------------
     def wait_ready(self, timeout: float) -> bool:
         """Whether the worker said ``ready`` (imports done, no learner code run yet) within ``timeout``."""
+        assert self.channel is not None, "a zygote's jobs say ready on their own channels"
         self.channel.wait(1, timeout)
         frames = self.channel.take(0)
         ready = bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
-        if ready and self.isolated and self.shared_memory_limited is None:
+        if ready:
+            self.limit_shared_memory()
+        return ready
+
+    def limit_shared_memory(self) -> None:
+        """Cap System V shared memory in the sandbox's IPC namespace (once, as root; see memory_cgroup)."""
+        if self.isolated and self.shared_memory_limited is None:
             inside = _children(self.pid)  # the sandbox's first process: its IPC namespace is the sandbox's
             self.shared_memory_limited = bool(inside) and memory_cgroup.limit_shared_memory(
                 inside[0], self._limits.cgroup_limit)
-        return ready
 
     def send_job(self, job_bytes: bytes, max_frames: int) -> None:
         """Give the worker its job (once). Writes from a thread: a worker that stopped reading cannot block
         the grader."""
-        self.channel.allow(max_frames + 1)  # + the ready frame
-        stdin = self._proc.stdin
-        assert stdin is not None
-
-        def write() -> None:
-            try:
-                stdin.write(job_bytes)
-                stdin.close()
-            except (OSError, ValueError):
-                pass
-
-        threading.Thread(target=write, daemon=True).start()
+        assert self.channel is not None and self._proc.stdin is not None
+        _send_job(self.channel, self._proc.stdin, job_bytes, max_frames)
 
     # --- watching -----------------------------------------------------------------------------------
     def poll(self) -> int | None:
         return self._proc.poll()
 
     def output_size(self) -> int:
-        try:
-            return self.log.stat().st_size
-        except OSError:
-            return 0
+        return _size(self.log)
 
     def output_tail(self, size: int = 2000) -> str:
-        try:
-            with open(self.log, "rb") as log:
-                log.seek(max(0, self.output_size() - size))
-                return log.read(size).decode("utf-8", errors="replace")
-        except OSError:
-            return ""
+        return _tail(self.log, size)
 
     # --- ending -------------------------------------------------------------------------------------
     def kill(self) -> None:
@@ -292,7 +299,10 @@ class Sandbox:
             deadline = time.monotonic() + 10
             while inside and time.monotonic() < deadline and not all(_gone(pid) for pid in inside):
                 time.sleep(0.01)
-            self.channel.join(5)
+            if self.channel is not None:
+                self.channel.join(5)
+            if self.control is not None:
+                self.control.close()
             if self._proc.stdin is not None:
                 try:
                     self._proc.stdin.close()
@@ -312,6 +322,166 @@ class Sandbox:
 
 
 _live: set[Sandbox] = set()
+
+
+def _send_job(channel: FrameReader, stdin: Any, job_bytes: bytes, max_frames: int) -> None:
+    channel.allow(max_frames + 1)  # + the ready frame
+
+    def write() -> None:
+        try:
+            stdin.write(job_bytes)
+            stdin.close()
+        except (OSError, ValueError):
+            pass
+
+    threading.Thread(target=write, daemon=True).start()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail(path: Path, size: int) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, _size(path) - size))
+            return log.read(size).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+class Zygote:
+    """A sandbox whose worker imports PyTorch and the exercises once, then forks a fresh process per job:
+    the notebook check's worker (a learner's checks one after another, one notebook, one kernel). Each
+    :meth:`fork` is a :class:`ForkedWorker`: a job of its own, with its own stdin, channel and output log.
+    Between jobs the zygote kills everything the last one left in the sandbox and removes what it left in
+    ``/tmp`` (see :mod:`attention_course.grading.worker`). A job that does not end cleanly (exit status 0)
+    takes the whole sandbox with it: the next check starts a new one. The grader itself never uses a
+    zygote: it gives every notebook attempt a sandbox of its own.
+
+    Args:
+        isolated, limits, output_limit: as for :class:`Sandbox`.
+    """
+
+    def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
+        self.sandbox = Sandbox(isolated, limits, output_limit, zygote=True)
+        self.isolated = isolated
+        self.jobs = 0
+        self.owner: ZygotePool | None = None  # gets the zygote back after a clean job
+
+    def alive(self) -> bool:
+        return not self.sandbox._killed and self.sandbox.poll() is None
+
+    def fork(self) -> ForkedWorker:
+        """Start the next job's process (the zygote forks it once its imports are done)."""
+        self.jobs += 1
+        return ForkedWorker(self, self.sandbox.dir / f"job-{self.jobs}.log")
+
+    def read_message(self, timeout: float = 0.0) -> bytes | None:
+        """The zygote's next message (``ready``, ``exit <status>``; ``b""`` once it closed the socket), or
+        ``None`` if none came within ``timeout``."""
+        control = self.sandbox.control
+        assert control is not None
+        if not select.select([control], [], [], timeout)[0]:
+            return None
+        try:
+            return control.recv(64)
+        except OSError:
+            return b""
+
+    def kill(self) -> None:
+        self.sandbox.kill()
+
+
+class ForkedWorker:
+    """One job of a :class:`Zygote`, used by the sandbox module exactly as a :class:`Sandbox` is."""
+
+    def __init__(self, zygote: Zygote, log: Path) -> None:
+        self.zygote = zygote
+        self.isolated = zygote.isolated
+        self.log = log
+        self.peak_memory: int | None = None
+        self._code: int | None = None
+        self._killed = False
+        job_read, job_write = os.pipe()
+        channel_read, channel_write = os.pipe()
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            control = zygote.sandbox.control
+            assert control is not None
+            socket.send_fds(control, [b"job"], [job_read, channel_write, log_fd])
+        except BaseException:
+            for fd in (job_write, channel_read):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (job_read, channel_write, log_fd):
+                os.close(fd)
+        self._stdin = os.fdopen(job_write, "wb")
+        self.channel = FrameReader(channel_read, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
+
+    def wait_ready(self, timeout: float) -> bool:
+        self.channel.wait(1, timeout)
+        frames = self.channel.take(0)
+        ready = bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
+        if ready:
+            self.zygote.sandbox.limit_shared_memory()
+        return ready
+
+    def send_job(self, job_bytes: bytes, max_frames: int) -> None:
+        _send_job(self.channel, self._stdin, job_bytes, max_frames)
+
+    def poll(self) -> int | None:
+        """The job's exit status, as the zygote reports it once it cleaned up after the job (``None`` while
+        it runs; :data:`STATUS_LOST` when the zygote itself is gone)."""
+        while self._code is None:
+            message = self.zygote.read_message()
+            if message is None and self.zygote.sandbox.poll() is not None:
+                message = self.zygote.read_message() or b""  # a report sent just before it ended
+            if message is None:
+                break
+            if message.startswith(b"exit "):
+                try:
+                    self._code = int(message[5:])
+                except ValueError:
+                    self._code = STATUS_LOST
+            elif message != b"ready":  # b"": the zygote is gone
+                self._code = STATUS_LOST
+        return self._code
+
+    def output_size(self) -> int:
+        return _size(self.log)
+
+    def output_tail(self, size: int = 2000) -> str:
+        return _tail(self.log, size)
+
+    def kill(self) -> None:
+        """End the job; the zygote survives only a job that ended cleanly (idempotent)."""
+        if self._killed:
+            return
+        self._killed = True
+        try:
+            if self.poll() != 0 or not self.zygote.alive():
+                self.zygote.kill()
+            self.channel.join(5)
+            try:
+                self._stdin.close()
+            except OSError:
+                pass
+        finally:
+            sandbox = self.zygote.sandbox
+            # The sandbox's peak since the zygote started (its own imports included, as a worker's are).
+            alive = not sandbox._killed and sandbox.cgroup is not None
+            self.peak_memory = sandbox.cgroup.peak() if alive and sandbox.cgroup is not None else sandbox.peak_memory
+            try:
+                self.log.unlink()
+            except OSError:
+                pass
+            if self.zygote.owner is not None:
+                self.zygote.owner.give_back(self.zygote)
 
 
 class SandboxPool:
@@ -374,7 +544,74 @@ class SandboxPool:
             sandbox.kill()
 
 
-_pools: dict[tuple, SandboxPool] = {}
+class ZygotePool:
+    """The notebook check's workers: a :class:`Zygote` kept between checks, so that each check forks a fresh
+    process instead of starting Python and importing PyTorch again. :meth:`take` hands out a job of an idle
+    zygote (starting one if there is none) and takes the zygote back once the job ended cleanly.
+
+    Args:
+        isolated, limits, output_limit: as for :class:`Sandbox`.
+    """
+
+    def __init__(self, isolated: bool, limits: Limits, output_limit: int) -> None:
+        self._key = (isolated, limits, output_limit)
+        self._lock = threading.Lock()
+        self._idle: list[Zygote] = []
+        self.closed = False
+
+    def _idle_zygote(self) -> Zygote:
+        while True:
+            with self._lock:
+                if self.closed:
+                    raise RuntimeError("the sandbox pool is closed")
+                zygote = self._idle.pop() if self._idle else None
+            if zygote is None:
+                zygote = Zygote(*self._key)
+                zygote.owner = self
+                return zygote
+            if zygote.alive():
+                return zygote
+            zygote.kill()
+
+    def take(self, refill: bool = True) -> ForkedWorker:
+        """A fresh process for one job (``refill`` is accepted for :class:`SandboxPool`'s sake: the zygote
+        stays)."""
+        for tries_left in (1, 0):
+            zygote = self._idle_zygote()
+            try:
+                return zygote.fork()
+            except OSError:  # the zygote died while idle (its socket is closed): start another
+                zygote.kill()
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")
+
+    def give_back(self, zygote: Zygote) -> None:
+        with self._lock:
+            keep = not self.closed and zygote.alive() and zygote not in self._idle
+            if keep:
+                self._idle.append(zygote)
+        if not keep:
+            zygote.kill()
+
+    def fill(self) -> None:
+        """Start a zygote now (without waiting for its imports) unless one is idle."""
+        with self._lock:
+            if self.closed or self._idle:
+                return
+        zygote = Zygote(*self._key)
+        zygote.owner = self
+        self.give_back(zygote)
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for zygote in idle:
+            zygote.kill()
+
+
+_pools: dict[tuple, SandboxPool | ZygotePool] = {}
 _pools_lock = threading.Lock()
 
 
@@ -387,6 +624,18 @@ def pool(isolated: bool, limits: Limits, output_limit: int, size: int = 0) -> Sa
             found = _pools[key] = SandboxPool(isolated, limits, output_limit, size)
         elif size > found._size:
             found.resize(size)
+        assert isinstance(found, SandboxPool)
+        return found
+
+
+def zygote_pool(isolated: bool, limits: Limits, output_limit: int) -> ZygotePool:
+    """The shared :class:`ZygotePool` for these settings (made on first use)."""
+    key = ("zygote", isolated, limits, output_limit)
+    with _pools_lock:
+        found = _pools.get(key)
+        if found is None or found.closed:
+            found = _pools[key] = ZygotePool(isolated, limits, output_limit)
+        assert isinstance(found, ZygotePool)
         return found
 
 

@@ -1,6 +1,7 @@
 """Run a learner's graded cells in a fresh, isolated worker process, with limits, and collect outcomes.
 
-:func:`run_parts` takes a sandbox from the warm pool (:mod:`attention_course.grading.launcher`: bubblewrap,
+:func:`run_parts` takes a sandbox from the warm pool (or, for the notebook check, a process forked from the
+kernel's zygote) (:mod:`attention_course.grading.launcher`: bubblewrap,
 no network, no view of the submissions, the solutions or the grades, its own PID namespace, rlimits it
 cannot raise), sends it the job and watches it:
 
@@ -39,7 +40,7 @@ import torch
 
 from attention_course.grading.channel import parse_header
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text
-from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool
+from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool, zygote_pool
 from attention_course.grading.learner_text import LearnerTextError, to_python
 from attention_course.grading.spec import Case
 from attention_course.grading.wire import is_wire
@@ -47,7 +48,7 @@ from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
 
 __all__ = ["BUDGET_STEPS", "DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
            "RECORD_LIMIT", "results_problem",
-           "prewarm", "public_case", "run_parts"]
+           "prewarm", "public_case", "release", "run_parts"]
 
 DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
 STARTUP_TIMEOUT = 120.0  # seconds for Python, torch and the preamble to start (a loaded machine is slow)
@@ -360,13 +361,21 @@ def _isolated(isolation: str) -> bool:
 
 
 def prewarm(isolation: str = "auto", limits: Limits | None = None, output_limit: int = DEFAULT_OUTPUT_LIMIT,
-            size: int = 1) -> None:
+            size: int = 1, reuse: bool = False) -> None:
     """Start ``size`` sandboxes now (without waiting for them), for the next :func:`run_parts` with these
-    settings: the notebook's ``exercise(...)`` calls it, so that the first check finds a worker whose imports
-    are done, and every check leaves one started for the next while some part has not passed. Each is still
-    used once."""
+    settings; each is still used once. With ``reuse`` (the notebook check): start a zygote unless one is
+    idle; ``exercise(...)`` calls it, so that the first check finds its imports done."""
     isolated = _isolated(isolation)
-    pool(isolated, limits or Limits(), output_limit, size).fill()
+    if reuse:
+        zygote_pool(isolated, limits or Limits(), output_limit).fill()
+    else:
+        pool(isolated, limits or Limits(), output_limit, size).fill()
+
+
+def release(isolation: str = "auto", limits: Limits | None = None,
+            output_limit: int = DEFAULT_OUTPUT_LIMIT) -> None:
+    """Stop the idle zygote for these settings (the notebook check, once every part passed)."""
+    zygote_pool(_isolated(isolation), limits or Limits(), output_limit).close()
 
 
 def run_parts(
@@ -383,6 +392,7 @@ def run_parts(
     budget: float | None = None,
     warm: int = 0,
     refill: bool = True,
+    reuse: bool = False,
 ) -> SandboxResult:
     """Run the learner's ``cells`` and then each part's cases in a fresh sandbox; see the module docstring.
 
@@ -407,12 +417,15 @@ def run_parts(
             caller starts one with :func:`prewarm` when it wants one (the notebook check: once the check is
             over, since on two cores a worker importing PyTorch next to the one checking slows the check, and
             only while some part has not passed).
+        reuse: fork each attempt's process from a zygote kept between calls (the notebook check, one
+            learner's checks in one kernel; see :class:`~attention_course.grading.launcher.Zygote`) instead
+            of starting a sandbox per attempt (the grader). ``warm`` and ``refill`` do not apply.
     """
     if isolation not in ("required", "auto", "none"):
         raise ValueError(f"isolation must be 'required', 'auto' or 'none', got {isolation!r}")
     isolated = _isolated(isolation)
     limits = limits or Limits()
-    workers = pool(isolated, limits, output_limit, warm)
+    workers = zygote_pool(isolated, limits, output_limit) if reuse else pool(isolated, limits, output_limit, warm)
     return _run_parts(exercise_id, preamble, cells, part_cases, timeout, output_limit, allowed, budget,
                       isolated, _Taker(workers, refill=refill))
 

@@ -16,6 +16,11 @@ job, so that importing torch overlaps with other work. The worker then:
 5. runs the preamble and the cells in notebook order in one namespace (errors are recorded, not fatal),
    then calls each part's ``run`` on its cases and sends the wire-form outcomes.
 
+For the notebook check the worker can instead be a **zygote** (``settings["zygote"]``, see
+:class:`~attention_course.grading.launcher.Zygote`): after step 2 it forks one child per job it is sent,
+each child goes on from step 2 with the job's own stdin, channel and log, and the zygote cleans up after
+each child (:func:`_serve_forks`).
+
 Every step is announced on the channel before it starts, so that the grader knows which cell or part to
 blame when the process hangs or dies. The worker judges nothing; it cannot see the submissions folder,
 the solutions, the grades or the network.
@@ -304,13 +309,130 @@ def _warm_up_lazy_imports() -> None:
     torch.manual_seed(torch.initial_seed())
 
 
+# --- zygote mode (the notebook check): import once, fork a fresh process per job -----------------------
+def _tmp_snapshot() -> set[str]:
+    """Paths on the sandbox's private /tmp (its own filesystem only: binds mounted under it are skipped)."""
+    try:
+        device = os.stat("/tmp").st_dev
+    except OSError:
+        return set()
+    found: set[str] = set()
+    for top, folders, files in os.walk("/tmp"):
+        kept = []
+        for name in folders:
+            path = os.path.join(top, name)
+            try:
+                if os.lstat(path).st_dev == device:
+                    kept.append(name)
+                    found.add(path)
+            except OSError:
+                pass
+        folders[:] = kept
+        found.update(os.path.join(top, name) for name in files)
+    return found
+
+
+def _only_process_left() -> bool:
+    """Whether this is the only live process in the sandbox's PID namespace besides its init (PID 1)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, os.getpid()):
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return False
+        except (OSError, IndexError):
+            pass  # gone meanwhile
+    return True
+
+
+def _clean_up_after_job(pid: int, own_pid_namespace: bool, tmp_before: set[str]) -> bool:
+    """Kill whatever the job left running and remove what it left in /tmp; whether that worked."""
+    import shutil
+    import signal
+    import time
+
+    if not own_pid_namespace:  # unisolated: the job's session (a process that left it is out of reach)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        return True
+    for _ in range(200):  # kill(-1): every process this uid may signal in the namespace, except PID 1 and us
+        if _only_process_left():
+            break
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+        time.sleep(0.005)
+    else:
+        return False
+    for path in sorted(_tmp_snapshot() - tmp_before, key=len):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return not (_tmp_snapshot() - tmp_before)
+
+
+def _serve_forks(control_fd: int, own_pid_namespace: bool) -> int:
+    """Be a zygote: say ``ready`` on the control socket, then for each job the grader sends (``b"job"`` with
+    three file descriptors: the job's stdin, its channel and its output log) fork a child that runs it. The
+    child returns from here with its channel; the zygote waits for it, kills everything it left (the whole
+    PID namespace but PID 1 and itself, as a sandbox), removes what it left in /tmp, reports
+    ``exit <status>`` and waits for the next job. It never runs learner code itself, and a child cannot reach
+    it: the child closes the control socket before any job code runs, and the zygote is not dumpable (no
+    ptrace, no /proc/<pid>/fd). When the grader closes its end, or anything goes wrong, the zygote exits."""
+    import socket
+
+    control = socket.socket(fileno=control_fd)
+    tmp_before = _tmp_snapshot() if own_pid_namespace else set()
+    try:
+        control.sendall(b"ready")
+        while True:
+            message, fds, _, _ = socket.recv_fds(control, 16, 3)
+            if message != b"job" or len(fds) != 3:
+                break
+            job_fd, channel_fd, log_fd = fds
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:  # the job's process: nothing of the zygote's stays open in it
+                control.close()
+                os.setsid()
+                os.dup2(job_fd, 0)
+                os.dup2(log_fd, 1)
+                os.dup2(log_fd, 2)
+                os.close(job_fd)
+                os.close(log_fd)
+                return channel_fd
+            for fd in fds:
+                os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            if not _clean_up_after_job(pid, own_pid_namespace, tmp_before):
+                break
+            control.sendall(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main(channel_fd: int, settings_json: str) -> None:
     """The worker's entry point (see the module docstring); never returns."""
     code = 1
     try:
         settings = json.loads(settings_json)
         _confine(settings)
-        say = _Channel(channel_fd, os.dup(1))
         import torch
 
         import attention_course  # noqa: F401
@@ -326,6 +448,10 @@ def main(channel_fd: int, settings_json: str) -> None:
                 pass
         if settings.get("memory"):
             _set_limit("RLIMIT_AS", _address_space() + int(settings["memory"]))
+        if settings.get("zygote"):
+            # Returns only in a forked child, which then runs one job like a worker of its own.
+            channel_fd = _serve_forks(channel_fd, bool(settings.get("own_pid_namespace")))
+        say = _Channel(channel_fd, os.dup(1))
         say("ready")
         job = _read_job()
         code = run_job(job, say)
