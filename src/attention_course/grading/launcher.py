@@ -436,7 +436,7 @@ class ForkedWorker:
 
     def poll(self) -> int | None:
         """The job's exit status, as the zygote reports it once it cleaned up after the job (``None`` while
-        it runs; :data:`STATUS_LOST` when the zygote itself is gone)."""
+        it runs; ``STATUS_LOST`` when the zygote itself is gone)."""
         while self._code is None:
             message = self.zygote.read_message()
             if message is None and self.zygote.sandbox.poll() is not None:

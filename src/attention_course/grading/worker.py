@@ -19,7 +19,7 @@ job, so that importing torch overlaps with other work. The worker then:
 For the notebook check the worker can instead be a **zygote** (``settings["zygote"]``, see
 :class:`~attention_course.grading.launcher.Zygote`): after step 2 it forks one child per job it is sent,
 each child goes on from step 2 with the job's own stdin, channel and log, and the zygote cleans up after
-each child (:func:`_serve_forks`).
+each child (``_serve_forks``).
 
 Every step is announced on the channel before it starts, so that the grader knows which cell or part to
 blame when the process hangs or dies. The worker judges nothing; it cannot see the submissions folder,
