@@ -103,13 +103,20 @@ def main(requests_fd: int, replies_fd: int) -> None:
 
                 traceback.print_exc()
                 status = 1
-            # Exit as a kernel process exits (its atexit handlers run: the grader's sandboxes are cleaned up),
-            # but never return into this loop.
+            # Exit as a kernel process exits, but never return into this loop: first wait for the threads that
+            # are not daemons, as the interpreter's exit does (the kernel's control thread may still be
+            # flushing its output through the IOPub thread, which the kernel's atexit handler stops: without
+            # this wait each flush timed out after 10 s, seen as 10-30 s stalls at a kernel's exit); then the
+            # atexit handlers (the grader's sandboxes are cleaned up there).
             try:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 import atexit
+                import threading
 
+                for thread in threading.enumerate():
+                    if thread is not threading.current_thread() and not thread.daemon:
+                        thread.join()
                 atexit._run_exitfuncs()
             finally:
                 os._exit(status)
