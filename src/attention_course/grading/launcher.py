@@ -244,9 +244,7 @@ class Sandbox:
     def wait_ready(self, timeout: float) -> bool:
         """Whether the worker said ``ready`` (imports done, no learner code run yet) within ``timeout``."""
         assert self.channel is not None, "a zygote's jobs say ready on their own channels"
-        self.channel.wait(1, timeout)
-        frames = self.channel.take(0)
-        ready = bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
+        ready = _said_ready(self.channel, timeout)
         if ready:
             self.limit_shared_memory()
         return ready
@@ -322,6 +320,13 @@ class Sandbox:
 
 
 _live: set[Sandbox] = set()
+
+
+def _said_ready(channel: FrameReader, timeout: float) -> bool:
+    """Whether the first frame on ``channel``, within ``timeout``, is the worker's ``ready``."""
+    channel.wait(1, timeout)
+    frames = channel.take(0)
+    return bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
 
 
 def _send_job(channel: FrameReader, stdin: Any, job_bytes: bytes, max_frames: int) -> None:
@@ -424,9 +429,7 @@ class ForkedWorker:
         self.channel = FrameReader(channel_read, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
 
     def wait_ready(self, timeout: float) -> bool:
-        self.channel.wait(1, timeout)
-        frames = self.channel.take(0)
-        ready = bool(frames) and (parse_header(frames[0]) or {}).get("step") == "ready"
+        ready = _said_ready(self.channel, timeout)
         if ready:
             self.zygote.sandbox.limit_shared_memory()
         return ready
