@@ -361,64 +361,24 @@ _CAUSAL = Check(
 )
 
 
-def _part(name: str, summary: str, hint: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
+def _part(name: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
     # All or nothing: the buggy starting code already passes the cases its bug does not touch.
     return Part(name=name, points=1, make_cases=make_cases, verify=verify, run=run,
                 all_or_nothing=True)
 
 
-EXERCISE = Exercise(
-    id="bug_hunt",
-    chapters=("05_scaling_and_masking", "06_multi_head_attention", "08_layernorm_dropout_residuals"),
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: bug_hunt.toml
+    id="bug_hunt", chapters=("05_scaling_and_masking", "06_multi_head_attention", "08_layernorm_dropout_residuals"),
     preamble=PREAMBLE,
     parts=(
-        _part("multi_head_cross_attention",
-              "cross-attention must work when the key length differs from the query length (errata 0.13)",
-              "Look at every .view(...) call: which length does each tensor really have? The keys and values come "
-              "from the other sequence.",
-              _cross_cases, _AGAINST_MHA),
-        _part("multi_head_weights",
-              "each head must attend within itself, shape (B, H, Lq, Lk) (errata 2.4)",
-              "An einsum string names the axes of the tensors it is given, in order. After a permute, the axes are "
-              "no longer (batch, length, heads, d_head). Either drop the permutes or change the labels.",
-              _head_weight_cases, _HEAD_WEIGHTS),
-        _part("multi_head_self_attention",
-              "the scores of each head are scaled by 1/√d_head (errata 2.6)",
-              "The 1/√d scaling keeps the variance of a dot product of two d-dimensional vectors near 1. Which "
-              "vectors are dotted together inside one head, and how long are they?",
-              _self_mha_cases, _SELF_MHA),
-        _part("masked_attention",
-              "a query with no allowed key gets zero weights and zero output, not NaN (errata 0.9)",
-              "softmax of a row that is all -inf is 0/0 = NaN. Fill masked scores with a large finite negative "
-              "number (torch.finfo(dtype).min), then set the weights of rows with no allowed key to zero.",
-              _masked_cases, _MASKED),
-        _part("attention_with_loops",
-              "o_i sums the values v_j of all keys j, not v_i (errata 3.7)",
-              "Write the formula with its indices: o_i = sum_j w_ij v_j. Which index runs in the inner loop?",
-              _loop_cases, _LOOPS),
-        _part("layer_norm",
-              "LayerNorm divides by √(biased variance + eps), as nn.LayerNorm (errata 3.1)",
-              "nn.LayerNorm uses the biased variance (divide by d, not d - 1) and puts eps inside the square root, "
-              "next to the variance, rather than adding it to the root. The difference is invisible for unit-variance "
-              "inputs and large for small ones.",
-              _layer_norm_cases, _LAYER_NORM),
-        _part("dropout",
-              "inverted dropout scales the survivors by 1/(1 - p) (errata 3.4)",
-              "In training each entry survives with probability 1 - p; to keep the expected value of the output "
-              "equal to the input, divide the survivors by 1 - p. At evaluation dropout is the identity. Watch "
-              "out for p = 1.",
-              _dropout_cases, _verify_dropout, _run_dropout),
-        _part("attention_sublayer",
-              "the residual connection adds the sub-layer's input, not a projected tensor (errata 0.14)",
-              "The residual path carries the sub-layer's input x unchanged around the attention: LayerNorm(x + "
-              "attention(x)). Which tensor does the name q hold by the time it is added?",
-              _sublayer_cases, _SUBLAYER),
-        _part("causal_self_attention",
-              "a decoder position attends only to itself and earlier positions (errata 1.11)",
-              "Block the scores of keys j > i before the softmax (a lower-triangular boolean mask, e.g. "
-              "torch.ones(L, L, dtype=torch.bool).tril()). Every row keeps its diagonal, so no row is fully masked.",
-              _causal_cases, _CAUSAL, _run_causal),
+        _part("multi_head_cross_attention", _cross_cases, _AGAINST_MHA),
+        _part("multi_head_weights", _head_weight_cases, _HEAD_WEIGHTS),
+        _part("multi_head_self_attention", _self_mha_cases, _SELF_MHA),
+        _part("masked_attention", _masked_cases, _MASKED),
+        _part("attention_with_loops", _loop_cases, _LOOPS),
+        _part("layer_norm", _layer_norm_cases, _LAYER_NORM),
+        _part("dropout", _dropout_cases, _verify_dropout, _run_dropout),
+        _part("attention_sublayer", _sublayer_cases, _SUBLAYER),
+        _part("causal_self_attention", _causal_cases, _CAUSAL, _run_causal),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: bug_hunt.toml
+))

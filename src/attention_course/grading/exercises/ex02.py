@@ -268,43 +268,14 @@ def _verify_equivariance(case: Case, output: Any) -> str | None:
     return None
 
 
-EXERCISE = Exercise(
-    id="ex02",
-    chapters=("02_hard_and_soft_attention",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex02.toml
+    id="ex02", chapters=("02_hard_and_soft_attention",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="hard_attention_weights",
-            points=1,
-            make_cases=_hard_cases,
-            verify=_verify_hard,
-        ),
-        Part(
-            name="soft_attention_weights",
-            points=2,
-            make_cases=_soft_cases,
-            verify=_SOFT,
-        ),
-        Part(
-            name="attention_pooling",
-            points=1,
-            make_cases=_pooling_cases,
-            verify=_POOLING,
-        ),
-        Part(
-            name="self_attention_no_projections",
-            points=2,
-            make_cases=_self_attention_cases,
-            verify=_SELF_ATTENTION,
-            run=_run_self_attention,
-        ),
-        Part(
-            name="equivariance_gap",
-            points=2,
-            make_cases=_equivariance_cases,
-            verify=_verify_equivariance,
-        ),
+        Part("hard_attention_weights", points=1, make_cases=_hard_cases, verify=_verify_hard),
+        Part("soft_attention_weights", points=2, make_cases=_soft_cases, verify=_SOFT),
+        Part("attention_pooling", points=1, make_cases=_pooling_cases, verify=_POOLING),
+        Part("self_attention_no_projections", points=2, make_cases=_self_attention_cases, verify=_SELF_ATTENTION,
+             run=_run_self_attention),
+        Part("equivariance_gap", points=2, make_cases=_equivariance_cases, verify=_verify_equivariance),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex02.toml
+))

@@ -241,36 +241,12 @@ _LIMIT_CHECK = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex03",
-    chapters=("03_key_value_store",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex03.toml
+    id="ex03", chapters=("03_key_value_store",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="hard_lookup",
-            points=1,
-            make_cases=_hard_cases,
-            verify=_HARD,
-        ),
-        Part(
-            name="soft_lookup",
-            points=2,
-            make_cases=_soft_cases,
-            verify=_SOFT,
-        ),
-        Part(
-            name="additive_scores",
-            points=2,
-            make_cases=_additive_cases,
-            verify=_ADDITIVE,
-        ),
-        Part(
-            name="limit_lookup",
-            points=2,
-            make_cases=_limit_cases,
-            verify=_LIMIT_CHECK,
-        ),
+        Part("hard_lookup", points=1, make_cases=_hard_cases, verify=_HARD),
+        Part("soft_lookup", points=2, make_cases=_soft_cases, verify=_SOFT),
+        Part("additive_scores", points=2, make_cases=_additive_cases, verify=_ADDITIVE),
+        Part("limit_lookup", points=2, make_cases=_limit_cases, verify=_LIMIT_CHECK),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex03.toml
+))

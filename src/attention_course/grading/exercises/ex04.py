@@ -309,44 +309,13 @@ _CROSS = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex04",
-    chapters=("04_queries_keys_values",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex04.toml
+    id="ex04", chapters=("04_queries_keys_values",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="project_qkv",
-            points=1,
-            make_cases=_projection_cases,
-            verify=_PROJECTION,
-            run=call_expecting_error,
-        ),
-        Part(
-            name="split_fused_projection",
-            points=1,
-            make_cases=_fused_cases,
-            verify=_FUSED,
-        ),
-        Part(
-            name="attend_one_query",
-            points=2,
-            make_cases=_one_query_cases,
-            verify=_ONE_QUERY,
-        ),
-        Part(
-            name="attention_matrix_form",
-            points=2,
-            make_cases=_matrix_cases,
-            verify=_MATRIX,
-        ),
-        Part(
-            name="cross_attention",
-            points=2,
-            make_cases=_cross_cases,
-            verify=_CROSS,
-            run=_run_cross,
-        ),
+        Part("project_qkv", points=1, make_cases=_projection_cases, verify=_PROJECTION, run=call_expecting_error),
+        Part("split_fused_projection", points=1, make_cases=_fused_cases, verify=_FUSED),
+        Part("attend_one_query", points=2, make_cases=_one_query_cases, verify=_ONE_QUERY),
+        Part("attention_matrix_form", points=2, make_cases=_matrix_cases, verify=_MATRIX),
+        Part("cross_attention", points=2, make_cases=_cross_cases, verify=_CROSS, run=_run_cross),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex04.toml
+))

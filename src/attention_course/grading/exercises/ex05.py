@@ -429,45 +429,14 @@ _PADDED = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex05",
-    chapters=("05_scaling_and_masking",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex05.toml
+    id="ex05", chapters=("05_scaling_and_masking",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="scaled_scores",
-            points=1,
-            make_cases=_scores_cases,
-            verify=_SCORES,
-        ),
-        Part(
-            name="masked_softmax",
-            points=2,
-            make_cases=_masked_softmax_cases,
-            verify=_MASKED_SOFTMAX,
-        ),
-        Part(
-            name="scaled_dot_product_attention",
-            points=2,
-            make_cases=_attention_cases,
-            verify=_verify_attention,
-            run=_run_attention,
-        ),
-        Part(
-            name="causal_self_attention",
-            points=1,
-            make_cases=_causal_cases,
-            verify=_CAUSAL,
-            run=_run_causal,
-        ),
-        Part(
-            name="causal_padded_self_attention",
-            points=2,
-            make_cases=_decoder_cases,
-            verify=_PADDED,
-            run=_run_decoder,
-        ),
+        Part("scaled_scores", points=1, make_cases=_scores_cases, verify=_SCORES),
+        Part("masked_softmax", points=2, make_cases=_masked_softmax_cases, verify=_MASKED_SOFTMAX),
+        Part("scaled_dot_product_attention", points=2, make_cases=_attention_cases, verify=_verify_attention,
+             run=_run_attention),
+        Part("causal_self_attention", points=1, make_cases=_causal_cases, verify=_CAUSAL, run=_run_causal),
+        Part("causal_padded_self_attention", points=2, make_cases=_decoder_cases, verify=_PADDED, run=_run_decoder),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex05.toml
+))

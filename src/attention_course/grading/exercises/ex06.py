@@ -471,46 +471,13 @@ _TORCH = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex06",
-    chapters=("06_multi_head_attention",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex06.toml
+    id="ex06", chapters=("06_multi_head_attention",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="split_heads",
-            points=1,
-            make_cases=_split_cases,
-            verify=_SPLIT,
-            run=call_expecting_error,
-        ),
-        Part(
-            name="merge_heads",
-            points=1,
-            make_cases=_merge_cases,
-            verify=_MERGE,
-        ),
-        Part(
-            name="multi_head_attention",
-            points=3,
-            make_cases=_forward_cases,
-            verify=_FORWARD,
-            run=_run_forward,
-        ),
-        Part(
-            name="params_from_torch",
-            points=2,
-            make_cases=_module_cases,
-            verify=_verify_params,
-            run=_run_params,
-        ),
-        Part(
-            name="attention_like_torch",
-            points=2,
-            make_cases=_torch_cases,
-            verify=_TORCH,
-            run=_run_torch,
-        ),
+        Part("split_heads", points=1, make_cases=_split_cases, verify=_SPLIT, run=call_expecting_error),
+        Part("merge_heads", points=1, make_cases=_merge_cases, verify=_MERGE),
+        Part("multi_head_attention", points=3, make_cases=_forward_cases, verify=_FORWARD, run=_run_forward),
+        Part("params_from_torch", points=2, make_cases=_module_cases, verify=_verify_params, run=_run_params),
+        Part("attention_like_torch", points=2, make_cases=_torch_cases, verify=_TORCH, run=_run_torch),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex06.toml
+))

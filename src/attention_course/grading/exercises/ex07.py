@@ -311,38 +311,12 @@ def _verify_embed(case: Case, output: Any) -> str | None:
         "(E[tokens] * sqrt(d_model) + PE[:L]) / (1 - p)")
 
 
-EXERCISE = Exercise(
-    id="ex07",
-    chapters=("07_positional_encoding",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex07.toml
+    id="ex07", chapters=("07_positional_encoding",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="sinusoidal_encoding",
-            points=2,
-            make_cases=_encoding_cases,
-            verify=_ENCODING,
-            run=call_expecting_error,
-        ),
-        Part(
-            name="offset_similarity",
-            points=1,
-            make_cases=_profile_cases,
-            verify=_PROFILE,
-        ),
-        Part(
-            name="shift_by_rotation",
-            points=2,
-            make_cases=_rotation_cases,
-            verify=_ROTATION,
-        ),
-        Part(
-            name="embed_with_positions",
-            points=2,
-            make_cases=_embed_cases,
-            verify=_verify_embed,
-            run=call_expecting_error,
-        ),
+        Part("sinusoidal_encoding", points=2, make_cases=_encoding_cases, verify=_ENCODING, run=call_expecting_error),
+        Part("offset_similarity", points=1, make_cases=_profile_cases, verify=_PROFILE),
+        Part("shift_by_rotation", points=2, make_cases=_rotation_cases, verify=_ROTATION),
+        Part("embed_with_positions", points=2, make_cases=_embed_cases, verify=_verify_embed, run=call_expecting_error),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex07.toml
+))

@@ -359,39 +359,13 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
     )
 
 
-EXERCISE = Exercise(
-    id="ex08",
-    chapters=("08_layernorm_dropout_residuals",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex08.toml
+    id="ex08", chapters=("08_layernorm_dropout_residuals",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="layer_norm",
-            points=2,
-            make_cases=_layer_norm_cases,
-            verify=_LAYER_NORM,
-        ),
-        Part(
-            name="dropout",
-            points=2,
-            make_cases=_dropout_cases,
-            verify=_verify_dropout,
-            run=_run_dropout,
-        ),
-        Part(
-            name="residual_sublayer",
-            points=2,
-            make_cases=_residual_cases,
-            verify=_RESIDUAL,
-        ),
-        Part(
-            name="add_and_norm",
-            function="AddAndNorm",
-            points=3,
-            make_cases=_add_and_norm_cases,
-            verify=_verify_add_and_norm,
-            run=_run_add_and_norm,
-        ),
+        Part("layer_norm", points=2, make_cases=_layer_norm_cases, verify=_LAYER_NORM),
+        Part("dropout", points=2, make_cases=_dropout_cases, verify=_verify_dropout, run=_run_dropout),
+        Part("residual_sublayer", points=2, make_cases=_residual_cases, verify=_RESIDUAL),
+        Part("add_and_norm", function="AddAndNorm", points=3, make_cases=_add_and_norm_cases,
+             verify=_verify_add_and_norm, run=_run_add_and_norm),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex08.toml
+))

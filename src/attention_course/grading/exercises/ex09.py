@@ -381,43 +381,15 @@ _HEAD = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex09",
-    chapters=("09_the_encoder",),
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex09.toml
+    id="ex09", chapters=("09_the_encoder",), preamble=PREAMBLE,
     allowed={"encoder_layer": frozenset({"MultiHeadAttention", "PositionwiseFeedForward", "LayerNorm", "Dropout"})},
-    preamble=PREAMBLE,
     parts=(
-        Part(
-            name="feed_forward",
-            points=1,
-            make_cases=_ffn_cases,
-            verify=_FFN,
-            run=_run_ffn,
-        ),
-        Part(
-            name="linear_to_conv1d",
-            points=1,
-            make_cases=_conv_cases,
-            verify=_CONV,
-            run=_run_conv,
-        ),
-        Part(
-            name="encoder_layer",
-            function="MyEncoderLayer",
-            points=3,
-            make_cases=_encoder_layer_cases,
-            verify=_ENCODER_LAYER,
-            run=_run_encoder_layer,
-        ),
-        Part(
-            name="classifier_head",
-            function="PoolingClassifierHead",
-            points=2,
-            make_cases=_head_cases,
-            verify=_HEAD,
-            run=_run_head,
-        ),
+        Part("feed_forward", points=1, make_cases=_ffn_cases, verify=_FFN, run=_run_ffn),
+        Part("linear_to_conv1d", points=1, make_cases=_conv_cases, verify=_CONV, run=_run_conv),
+        Part("encoder_layer", function="MyEncoderLayer", points=3, make_cases=_encoder_layer_cases,
+             verify=_ENCODER_LAYER, run=_run_encoder_layer),
+        Part("classifier_head", function="PoolingClassifierHead", points=2, make_cases=_head_cases, verify=_HEAD,
+             run=_run_head),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex09.toml
+))

@@ -444,41 +444,13 @@ def _verify_greedy(case: Case, output: Any) -> str | None:
             "model.decode?)")
 
 
-EXERCISE = Exercise(
-    id="ex10",
-    chapters=("10_decoder_and_transformer",),
-    allowed={"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},  # the masks of chapter 05
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex10.toml
+    id="ex10", chapters=("10_decoder_and_transformer",), preamble=PREAMBLE,
+    allowed={"decoder_layer_forward": _MASKS, "greedy_decode": _MASKS},
     parts=(
-        Part(
-            name="shift_target",
-            points=1,
-            make_cases=_shift_cases,
-            verify=_SHIFT,
-        ),
-        Part(
-            name="decoder_masks",
-            points=2,
-            make_cases=_mask_cases,
-            verify=_verify_masks,
-        ),
-        Part(
-            name="decoder_layer_forward",
-            points=2,
-            make_cases=_layer_cases,
-            verify=_LAYER,
-            run=_run_layer,
-        ),
-        Part(
-            name="greedy_decode",
-            points=3,
-            make_cases=_greedy_cases,
-            verify=_verify_greedy,
-            run=_run_greedy,
-        ),
+        Part("shift_target", points=1, make_cases=_shift_cases, verify=_SHIFT),
+        Part("decoder_masks", points=2, make_cases=_mask_cases, verify=_verify_masks),
+        Part("decoder_layer_forward", points=2, make_cases=_layer_cases, verify=_LAYER, run=_run_layer),
+        Part("greedy_decode", points=3, make_cases=_greedy_cases, verify=_verify_greedy, run=_run_greedy),
     ),
-)
-
-__all__ = ["EXERCISE", "DecoderSublayers", "ScriptedTranslator"]
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex10.toml
+))

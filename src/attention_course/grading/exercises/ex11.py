@@ -403,37 +403,12 @@ _TILED = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex11",
-    chapters=("11_efficient_attention", "11b_tiled_attention"),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex11.toml
+    id="ex11", chapters=("11_efficient_attention", "11b_tiled_attention"), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="cache_append",
-            points=1,
-            make_cases=_append_cases,
-            verify=_APPEND,
-        ),
-        Part(
-            name="online_softmax_update",
-            points=2,
-            make_cases=_online_cases,
-            verify=_ONLINE,
-        ),
-        Part(
-            name="tiled_attention_step",
-            points=3,
-            make_cases=_step_cases,
-            verify=_STEP,
-        ),
-        Part(
-            name="tiled_attention",
-            points=3,
-            make_cases=_tiled_cases,
-            verify=_TILED,
-            run=_run_tiled,
-        ),
+        Part("cache_append", points=1, make_cases=_append_cases, verify=_APPEND),
+        Part("online_softmax_update", points=2, make_cases=_online_cases, verify=_ONLINE),
+        Part("tiled_attention_step", points=3, make_cases=_step_cases, verify=_STEP),
+        Part("tiled_attention", points=3, make_cases=_tiled_cases, verify=_TILED, run=_run_tiled),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex11.toml
+))

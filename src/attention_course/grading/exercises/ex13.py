@@ -428,50 +428,14 @@ def _run_rms_norm(obj: Any, case: Case) -> Any:
         return call_expecting_error(obj, case)
 
 
-EXERCISE = Exercise(
-    id="ex13",
-    chapters=("13_decoder_only_language_models", "13b_modern_block_and_checkpoints"),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex13.toml
+    id="ex13", chapters=("13_decoder_only_language_models", "13b_modern_block_and_checkpoints"), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="next_token_loss",
-            points=2,
-            make_cases=_loss_cases,
-            verify=_LOSS,
-        ),
-        Part(
-            name="top_k_filter",
-            points=1,
-            make_cases=_top_k_cases,
-            verify=_TOP_K,
-        ),
-        Part(
-            name="top_p_filter",
-            points=2,
-            make_cases=_top_p_cases,
-            verify=_TOP_P,
-        ),
-        Part(
-            name="sample_next_token",
-            points=2,
-            make_cases=_sample_cases,
-            verify=_verify_sample,
-            run=_run_sample,
-        ),
-        Part(
-            name="cached_attention_step",
-            points=2,
-            make_cases=_step_cases,
-            verify=_STEP,
-        ),
-        Part(
-            name="rms_norm",
-            points=2,
-            make_cases=_rms_norm_cases,
-            verify=_RMS_NORM,
-            run=_run_rms_norm,
-        ),
+        Part("next_token_loss", points=2, make_cases=_loss_cases, verify=_LOSS),
+        Part("top_k_filter", points=1, make_cases=_top_k_cases, verify=_TOP_K),
+        Part("top_p_filter", points=2, make_cases=_top_p_cases, verify=_TOP_P),
+        Part("sample_next_token", points=2, make_cases=_sample_cases, verify=_verify_sample, run=_run_sample),
+        Part("cached_attention_step", points=2, make_cases=_step_cases, verify=_STEP),
+        Part("rms_norm", points=2, make_cases=_rms_norm_cases, verify=_RMS_NORM, run=_run_rms_norm),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex13.toml
+))

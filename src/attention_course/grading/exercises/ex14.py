@@ -367,45 +367,17 @@ _CONVERSION = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex14",
-    chapters=("14_positions_for_long_contexts",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex14.toml
+    id="ex14", chapters=("14_positions_for_long_contexts",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="rotate_pairs",
-            points=3,
-            make_cases=_rotary_cases,
-            verify=_rotary_check("interleaved", "the rotary embedding", ROTARY_MISTAKES, (_length_changed,)),
-            run=call_expecting_error,
-        ),
-        Part(
-            name="score_at_offset",
-            points=2,
-            make_cases=_offset_cases,
-            verify=_OFFSET,
-        ),
-        Part(
-            name="add_alibi",
-            points=4,
-            make_cases=_alibi_cases,
-            verify=_ALIBI,
-        ),
-        Part(
-            name="rotate_half",
-            points=2,
-            make_cases=_rotate_half_cases,
-            verify=_rotary_check("half", "rotate-half rotary", ROTATE_HALF_MISTAKES),
-            run=call_expecting_error,
-        ),
-        Part(
-            name="interleaved_to_half",
-            points=2,
-            make_cases=_conversion_cases,
-            verify=_CONVERSION,
-            run=call_expecting_error,
-        ),
+        Part("rotate_pairs", points=3, make_cases=_rotary_cases,
+             verify=_rotary_check("interleaved", "the rotary embedding", ROTARY_MISTAKES, (_length_changed,)),
+             run=call_expecting_error),
+        Part("score_at_offset", points=2, make_cases=_offset_cases, verify=_OFFSET),
+        Part("add_alibi", points=4, make_cases=_alibi_cases, verify=_ALIBI),
+        Part("rotate_half", points=2, make_cases=_rotate_half_cases,
+             verify=_rotary_check("half", "rotate-half rotary", ROTATE_HALF_MISTAKES), run=call_expecting_error),
+        Part("interleaved_to_half", points=2, make_cases=_conversion_cases, verify=_CONVERSION,
+             run=call_expecting_error),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex14.toml
+))

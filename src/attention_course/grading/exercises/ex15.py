@@ -223,30 +223,11 @@ _TILE = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex15",
-    chapters=("15_attention_at_inference_scale",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex15.toml
+    id="ex15", chapters=("15_attention_at_inference_scale",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="grouped_query_attention",
-            points=3,
-            make_cases=_gqa_cases,
-            verify=_GQA,
-        ),
-        Part(
-            name="sliding_window_mask",
-            points=2,
-            make_cases=_window_cases,
-            verify=_WINDOW,
-        ),
-        Part(
-            name="flash_backward_tile",
-            points=3,
-            make_cases=_tile_cases,
-            verify=_TILE,
-        ),
+        Part("grouped_query_attention", points=3, make_cases=_gqa_cases, verify=_GQA),
+        Part("sliding_window_mask", points=2, make_cases=_window_cases, verify=_WINDOW),
+        Part("flash_backward_tile", points=3, make_cases=_tile_cases, verify=_TILE),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex15.toml
+))

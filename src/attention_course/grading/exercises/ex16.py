@@ -235,30 +235,11 @@ _ABLATION = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex16",
-    chapters=("16_what_heads_learn",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex16.toml
+    id="ex16", chapters=("16_what_heads_learn",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="repeated_batch",
-            points=2,
-            make_cases=_batch_cases,
-            verify=_BATCH,
-        ),
-        Part(
-            name="induction_score",
-            points=3,
-            make_cases=_induction_cases,
-            verify=_INDUCTION,
-        ),
-        Part(
-            name="ablation_loss_change",
-            points=3,
-            make_cases=_ablation_cases,
-            verify=_ABLATION,
-        ),
+        Part("repeated_batch", points=2, make_cases=_batch_cases, verify=_BATCH),
+        Part("induction_score", points=3, make_cases=_induction_cases, verify=_INDUCTION),
+        Part("ablation_loss_change", points=3, make_cases=_ablation_cases, verify=_ABLATION),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex16.toml
+))

@@ -232,30 +232,11 @@ _INTENSITY = Check(
 )
 
 
-EXERCISE = Exercise(
-    id="ex17",
-    chapters=("17_serving_attention",),
-    preamble=PREAMBLE,
+EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex17.toml
+    id="ex17", chapters=("17_serving_attention",), preamble=PREAMBLE,
     parts=(
-        Part(
-            name="locate",
-            points=2,
-            make_cases=_lookup_cases,
-            verify=_LOCATE,
-        ),
-        Part(
-            name="verify_draft",
-            points=4,
-            make_cases=_verify_cases,
-            verify=_VERIFY,
-        ),
-        Part(
-            name="decode_intensity",
-            points=2,
-            make_cases=_intensity_cases,
-            verify=_INTENSITY,
-        ),
+        Part("locate", points=2, make_cases=_lookup_cases, verify=_LOCATE),
+        Part("verify_draft", points=4, make_cases=_verify_cases, verify=_VERIFY),
+        Part("decode_intensity", points=2, make_cases=_intensity_cases, verify=_INTENSITY),
     ),
-)
-
-EXERCISE = with_texts(EXERCISE)  # title, summaries and hints: ex17.toml
+))
