@@ -217,3 +217,36 @@ def test_the_class_summary_counts_failure_kinds_from_typed_verdicts():
     verdicts = [judge_part(part, [case], [{"status": "ok", "value": answer}]) for answer in answers]
     assert failure_kinds(verdicts) == "property 2, known mistake 1"
     assert failure_kinds(verdicts[3:]) == ""
+
+
+def _guide_block(language: str) -> str:
+    """The first ``language`` code block of section 2 of exercises/README.md (the authoring guide)."""
+    guide = (ROOT / "exercises" / "README.md").read_text(encoding="utf-8")
+    section = guide[guide.index("## 2. The checks module"):guide.index("## 3. Check it")]
+    return re.search(rf"```{language}\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def test_the_authoring_guide_example_is_a_working_exercise(tmp_path, monkeypatch):
+    """The guide's example module, with its example texts file, loads and checks: a right answer passes every
+    case, the mistake it declares gets its message, and an answer off by a constant fails."""
+    from attention_course.grading import spec
+    from attention_course.grading.wire import outcome_of_call
+
+    texts = tmp_path / "exNN.toml"
+    texts.write_text(_guide_block("toml"), encoding="utf-8")
+    real_with_texts = spec.with_texts
+    monkeypatch.setattr(spec, "with_texts", lambda exercise: real_with_texts(exercise, texts))
+    namespace: dict = {}
+    exec(compile(_guide_block("python"), "exercises/README.md", "exec"), namespace)
+    part = namespace["EXERCISE"].part("soft_weights")
+    assert part.summary and len(part.hints) == 2
+
+    def judged(function):
+        cases = part.make_cases(torch.Generator().manual_seed(0))
+        return judge_part(part, cases, [outcome_of_call(lambda c=c: part.run(function, c)) for c in cases])
+
+    assert judged(lambda scores, beta: torch.softmax(beta * scores, dim=-1)).status == "passed"
+    ignores_beta = judged(lambda scores, beta: torch.softmax(scores, dim=-1))
+    assert ignores_beta.status == "failed" and "ignore beta" in ignores_beta.message
+    assert ignores_beta.kind == FailureKind.KNOWN_MISTAKE
+    assert judged(lambda scores, beta: torch.softmax(beta * scores, dim=-1) + 0.01).status == "failed"

@@ -1,10 +1,9 @@
 """The bug hunt: the checks behind ``exercises/ex_bug_hunt.ipynb``.
 
-Each part hands the learner a broken attention function, modelled on a bug that popular tutorials
-shipped (the course's seed errata number is in each part's summary), and checks the fix against PyTorch's
-own modules (``nn.MultiheadAttention``, ``F.layer_norm``, ``F.scaled_dot_product_attention``) and against
-properties (cross-attention with different lengths, finite fully masked rows, no causal leakage, dropout
-statistics). Messages say which property still fails.
+Each part hands the learner a broken function, modelled on a bug popular tutorials shipped (errata number in
+its summary). The fix is checked against PyTorch (``nn.MultiheadAttention``, ``F.layer_norm``,
+``F.scaled_dot_product_attention``) and properties: other key lengths, finite fully masked rows, no causal
+leakage, dropout statistics.
 """
 
 from __future__ import annotations
@@ -25,16 +24,16 @@ from attention_course.grading.compare import (
     row_name,
     tensor_problem,
 )
-from attention_course.grading.declare import Check, Out, View, distribution
+from attention_course.grading.declare import Check, Out, View, distribution, second_run
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble(nn=True)
 
 
-def _projection(g: torch.Generator, d_model: int) -> torch.Tensor:
-    """A (d_model, d_model) weight in row convention (x @ w), scaled to keep activations near unit size."""
-    return randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model))
+def _projections(g: torch.Generator, d_model: int, count: int = 4) -> tuple[torch.Tensor, ...]:
+    """``count`` (d_model, d_model) weights in row convention (x @ w), scaled to keep activations near unit size."""
+    return tuple(randn(g, d_model, d_model, scale=1.0 / math.sqrt(d_model)) for _ in range(count))
 
 
 def _torch_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w_q: torch.Tensor,
@@ -52,10 +51,8 @@ def _torch_mha(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, w_q:
 
 def _mha_case(g: torch.Generator, name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
     query = randn(g, batch, len_q, d_model)
-    key = randn(g, batch, len_k, d_model)
-    value = randn(g, batch, len_k, d_model)
-    weights = tuple(_projection(g, d_model) for _ in range(4))
-    return Case(name, (query, key, value, *weights, heads))
+    key, value = (randn(g, batch, len_k, d_model) for _ in range(2))
+    return Case(name, (query, key, value, *_projections(g, d_model), heads))
 
 
 # --- 1: keys and values reshaped with the query length (errata 0.13) ----------------------------------
@@ -74,23 +71,20 @@ _AGAINST_MHA = Check(reference=lambda v: _torch_mha(*v.args),
 
 # --- 2: heads mixed by an einsum on permuted tensors (errata 2.4) -------------------------------------
 def _head_weight_cases(g: torch.Generator) -> list[Case]:
-    def case(name: str, batch: int, len_q: int, len_k: int, d_model: int, heads: int) -> Case:
-        return Case(name, (randn(g, batch, len_q, d_model), randn(g, batch, len_k, d_model), heads))
-
-    return [
-        case("Lq = Lk = 5, d_model 16, 4 heads", 2, 5, 5, 16, 4),
-        case("Lq = Lk = 3, d_model 12, 2 heads", 1, 3, 3, 12, 2),
-        case("cross-attention Lq = 3, Lk = 6, d_model 8, 2 heads", 2, 3, 6, 8, 2),
-        case("one head: Lq = Lk = 4, d_model 6", 2, 4, 4, 6, 1),
+    shapes = [  # name, batch, Lq, Lk, d_model, heads
+        ("Lq = Lk = 5, d_model 16, 4 heads", 2, 5, 5, 16, 4),
+        ("Lq = Lk = 3, d_model 12, 2 heads", 1, 3, 3, 12, 2),
+        ("cross-attention Lq = 3, Lk = 6, d_model 8, 2 heads", 2, 3, 6, 8, 2),
+        ("one head: Lq = Lk = 4, d_model 6", 2, 4, 4, 6, 1),
     ]
+    return [Case(name, (randn(g, batch, len_q, d_model), randn(g, batch, len_k, d_model), heads))
+            for name, batch, len_q, len_k, d_model, heads in shapes]
 
 
 def _head_weights_reference(v: View) -> torch.Tensor:
     q, k, heads = v.x
-    batch, len_q, d_model = q.shape
-    d_head = d_model // heads
-    q_heads = q.reshape(batch, len_q, heads, d_head).transpose(1, 2)  # (B, H, Lq, dh)
-    k_heads = k.reshape(batch, k.shape[1], heads, d_head).transpose(1, 2)  # (B, H, Lk, dh)
+    d_head = q.shape[-1] // heads
+    q_heads, k_heads = (t.unflatten(-1, (heads, d_head)).transpose(1, 2) for t in (q, k))  # (B, H, L, d_head)
     return torch.softmax(q_heads @ k_heads.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
 
 
@@ -100,15 +94,13 @@ _HEAD_WEIGHTS = Check(reference=_head_weights_reference, properties=(distributio
 
 # --- 3: scaled by √d_model instead of √d_head (errata 2.6) -------------------------------------------
 def _self_mha_cases(g: torch.Generator) -> list[Case]:
-    def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
-        x = randn(g, batch, length, d_model, scale=2.0)
-        return Case(name, (x, *(_projection(g, d_model) for _ in range(4)), heads))
-
-    return [
-        case("d_model 16, 4 heads, L = 5", 2, 5, 16, 4),
-        case("d_model 64, 8 heads, L = 6", 1, 6, 64, 8),
-        case("d_model 8, 1 head, L = 4", 2, 4, 8, 1),
+    shapes = [  # name, batch, L, d_model, heads
+        ("d_model 16, 4 heads, L = 5", 2, 5, 16, 4),
+        ("d_model 64, 8 heads, L = 6", 1, 6, 64, 8),
+        ("d_model 8, 1 head, L = 4", 2, 4, 8, 1),
     ]
+    return [Case(name, (randn(g, batch, length, d_model, scale=2.0), *_projections(g, d_model), heads))
+            for name, batch, length, d_model, heads in shapes]
 
 
 _SELF_MHA = Check(reference=lambda v: _torch_mha(v.args[0], v.args[0], *v.args),
@@ -166,8 +158,8 @@ def _fully_masked(v: View) -> str | None:
 def _masked_keys(v: View) -> str | None:
     leak = (f64(v.got.weights).abs() > 1e-6) & ~v.args[3].expand(v.want.weights.shape)
     if leak.any():
-        index = [int(i) for i in leak.nonzero()[0]]
-        return (f"{row_name(index[:-1])} of your weights gives weight to key {index[-1]}, which the mask blocks "
+        *row, key = leak.nonzero()[0].tolist()
+        return (f"{row_name(row)} of your weights gives weight to key {key}, which the mask blocks "
                 "(True means 'may attend')")
     return None
 
@@ -183,14 +175,13 @@ _MASKED = Check(
 
 # --- 5: summing v_i instead of v_j (errata 3.7) --------------------------------------------------------
 def _loop_cases(g: torch.Generator) -> list[Case]:
-    def case(name: str, len_q: int, len_k: int, d: int, d_v: int) -> Case:
-        return Case(name, (randn(g, len_q, d), randn(g, len_k, d), randn(g, len_k, d_v)))
-
-    return [
-        case("self-attention shapes: Lq = Lk = 4, d = 3", 4, 4, 3, 3),
-        case("Lq = 3, Lk = 5, d = 4, d_v = 2", 3, 5, 4, 2),
-        case("Lq = 6, Lk = 2, d = 2, d_v = 3", 6, 2, 2, 3),
+    shapes = [  # name, Lq, Lk, d, d_v
+        ("self-attention shapes: Lq = Lk = 4, d = 3", 4, 4, 3, 3),
+        ("Lq = 3, Lk = 5, d = 4, d_v = 2", 3, 5, 4, 2),
+        ("Lq = 6, Lk = 2, d = 2, d_v = 3", 6, 2, 2, 3),
     ]
+    return [Case(name, (randn(g, len_q, d), randn(g, len_k, d), randn(g, len_k, d_v)))
+            for name, len_q, len_k, d, d_v in shapes]
 
 
 def _copies_values(v: View) -> str | None:
@@ -248,29 +239,29 @@ def _dropout_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
+def _draws_twice(case: Case) -> bool:
+    """Whether dropout draws a random mask here: it is then called twice, and the two masks must differ."""
+    return case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0
+
+
 def _run_dropout(obj: Any, case: Case) -> Any:
-    if case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0:
-        return call_function(obj, case), call_function(obj, case)  # two draws: the masks must differ
-    return call_function(obj, case)
+    return (call_function(obj, case), call_function(obj, case)) if _draws_twice(case) else call_function(obj, case)
 
 
 def _verify_dropout(case: Case, output: Any) -> str | None:
-    x = case.args[0]
-    p, training = case.kwargs["p"], case.kwargs["training"]
-    two_draws = training and 0.0 < p < 1.0
-    first = output[0] if two_draws and isinstance(output, tuple) and len(output) == 2 else output
+    x, p = case.args[0].double(), case.kwargs["p"]
+    first = output[0] if _draws_twice(case) and isinstance(output, tuple) and len(output) == 2 else output
     problem = tensor_problem(first, "your output", x.shape) or finite_problem(first, "your output", by_rows=False)
     if problem:
         return problem
     out = first.double()
-    if not training or p == 0.0:
-        return close_problem(out, x.double(), "your output", "the input (dropout must change nothing here)",
-                             atol=0.0, rtol=1e-6)
+    if not case.kwargs["training"] or p == 0.0:
+        return close_problem(out, x, "your output", "the input (dropout must change nothing here)", atol=0.0, rtol=1e-6)
     if p == 1.0:
         return None if bool((out == 0).all()) else "with p = 1 every entry must be zero"
     kept = out != 0
     scale = 1.0 / (1.0 - p)
-    ratio = out[kept] / x.double()[kept]
+    ratio = out[kept] / x[kept]
     if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-4):
         return (f"surviving entries must be scaled by 1/(1 - p) = {fmt(scale)} so that the expected value is "
                 f"unchanged; yours are scaled by {fmt(float(ratio.mean()))}")
@@ -287,8 +278,7 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
 # --- 8: residual taken from the projected tensor (errata 0.14) ----------------------------------------
 def _sublayer_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
-        x = randn(g, batch, length, d_model)
-        weights = tuple(_projection(g, d_model) for _ in range(4))
+        x, weights = randn(g, batch, length, d_model), _projections(g, d_model)
         return Case(name, (x, *weights, heads, 1.0 + randn(g, d_model, scale=0.1), randn(g, d_model, scale=0.1)))
 
     return [
@@ -311,9 +301,8 @@ _SUBLAYER = Check(reference=_sublayer_reference, outputs=(
 # --- 9: a decoder without its causal mask (errata 1.11) ------------------------------------------------
 def _causal_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d: int, cut: int | None = None) -> Case:
-        data = {} if cut is None else {"cut": cut}
-        weights = tuple(_projection(g, d) for _ in range(3))
-        return Case(name, (randn(g, batch, length, d), *weights), data=data)
+        weights = _projections(g, d, count=3)  # drawn before the input
+        return Case(name, (randn(g, batch, length, d), *weights), data={} if cut is None else {"cut": cut})
 
     return [
         case("no causal leakage: tokens from position 3 on are changed", 2, 6, 8, cut=3),
@@ -329,14 +318,6 @@ def _run_causal(obj: Any, case: Case) -> Any:
     changed = x.clone()
     changed[:, case.data["cut"]:] += 1.0
     return obj(x, *weights), obj(changed, *weights)
-
-
-def _unpack_cut(v: View) -> str | None:
-    if "cut" in v.data:
-        if not isinstance(v.output, tuple) or len(v.output) != 2:
-            return "expected your function to return one tensor"
-        v.output, v.extra = v.output
-    return None
 
 
 def _no_leak(v: View) -> str | None:
@@ -357,14 +338,13 @@ def _no_leak(v: View) -> str | None:
 _CAUSAL = Check(
     reference=lambda v: F.scaled_dot_product_attention(*(v.x[0] @ w for w in v.x[1:]), is_causal=True),
     outputs=(Out("output", "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),),
-    unpack=_unpack_cut, properties=(_no_leak,),
+    unpack=second_run("cut", message="expected your function to return one tensor"), properties=(_no_leak,),
 )
 
 
 def _part(name: str, make_cases: Any, verify: Any, run: Any = call_function) -> Part:
     # All or nothing: the buggy starting code already passes the cases its bug does not touch.
-    return Part(name=name, points=1, make_cases=make_cases, verify=verify, run=run,
-                all_or_nothing=True)
+    return Part(name=name, points=1, make_cases=make_cases, verify=verify, run=run, all_or_nothing=True)
 
 
 EXERCISE = with_texts(Exercise(  # title, summaries and hints: bug_hunt.toml

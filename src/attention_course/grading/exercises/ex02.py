@@ -1,35 +1,26 @@
 """Exercise 02, hard and soft attention: the checks behind ``exercises/ex02_hard_and_soft_attention.ipynb``.
 
-The learner builds chapter 02's core with the course's row convention (``X`` holds one token per row):
-hard (one-hot argmax) weights, soft weights with an inverse temperature β, attention pooling
-``h = a X``, self-attention without projections, and a measure of permutation equivariance.
-
-References are PyTorch's own functions, computed in float64 in the checking process; properties (rows
-sum to one, non-negative weights, one-hot rows, equivariance) give the specific messages.
+The learner writes, one token per row of ``X``: hard (one-hot argmax) weights, soft weights with an inverse
+temperature β, attention pooling ``h = a X``, self-attention without projections and a permutation-equivariance
+gap. References are PyTorch's functions in float64; recognised mistakes: argmax indices instead of one-hot rows,
+β ignored or dividing the scores.
 """
 
 from __future__ import annotations
 
-import functools
+import itertools
+from functools import partial
 from typing import Any
 
 import torch
 
-from attention_course.grading.compare import (
-    f64,
-    float32_atol,
-    fmt,
-    row_name,
-    scalar_problem,
-    tensor_problem,
-)
-from attention_course.grading.declare import Check, Out, View, distribution
+from attention_course.grading.compare import f64, float32_atol, fmt, row_name, scalar_problem, tensor_problem
+from attention_course.grading.declare import Check, Out, View, distribution, second_run
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
-    call_function,
     pair_problem,
     permutation,
     preamble,
@@ -62,22 +53,18 @@ def _verify_hard(case: Case, output: Any) -> str | None:
     if isinstance(output, torch.Tensor) and output.shape == scores.shape[:-1] and not output.is_floating_point():
         return (f"expected one-hot weights of shape {tuple(scores.shape)}, got indices of shape "
                 f"{tuple(output.shape)}: turn the argmax index into a one-hot vector")
-    problem = tensor_problem(output, "your weights", scores.shape)
-    if problem:
+    if problem := tensor_problem(output, "your weights", scores.shape):
         return problem
     rows = output.reshape(-1, scores.shape[-1]).to(torch.float64)
-    winners = scores.reshape(-1, scores.shape[-1]).argmax(dim=-1)  # torch.argmax returns the first maximum
-    for r in range(rows.shape[0]):
-        index = list(torch.unravel_index(torch.tensor(r), scores.shape[:-1])) if scores.dim() > 1 else []
+    winners = scores.reshape(-1, scores.shape[-1]).argmax(dim=-1).tolist()  # argmax returns the first maximum
+    for index, row, best in zip(itertools.product(*map(range, scores.shape[:-1])), rows, winners):
         name = row_name(index) if index else "the weight vector"
-        row = rows[r]
         if not bool(((row == 0) | (row == 1)).all()):
             bad = float(row[(row != 0) & (row != 1)][0])
             return f"{name} of your weights has the entry {fmt(bad)}; hard attention weights are 0 or 1"
-        ones = int(row.sum())
+        ones, chosen = int(row.sum()), int(row.argmax())
         if ones != 1:
             return f"{name} of your weights has {ones} ones; hard attention picks exactly one key"
-        chosen, best = int(row.argmax()), int(winners[r])
         if chosen != best:
             return f"{name} of your weights picks key {chosen}, but the first highest score is at key {best}"
     return None
@@ -130,21 +117,19 @@ def _pooling_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _picks(v: View) -> str | None:
+def _pooling_examples(v: View) -> str | None:
+    """One-hot weights must copy rows of X, uniform weights average them."""
+    got, want = f64(v.got.output), v.want.output
     for query, key in enumerate(v.data.get("picks", torch.tensor([])).tolist()):
-        if not torch.allclose(f64(v.got.output[query]), v.want.output[query], atol=1e-5):
+        if not torch.allclose(got[query], want[query], atol=1e-5):
             return f"with a one-hot weight on key {key}, output row {query} should equal row {key} of X"
-    return None
-
-
-def _mean(v: View) -> str | None:
-    if v.data.get("mean") and not torch.allclose(f64(v.got.output), v.want.output, atol=1e-5):
+    if v.data.get("mean") and not torch.allclose(got, want, atol=1e-5):
         return "with uniform weights every output row should be the mean of the rows of X"
     return None
 
 
 _POOLING = Check(reference=lambda v: torch.matmul(v.x[1], v.x[0]), outputs=(Out("output", "weights @ X"),),
-                 properties=(_picks, _mean))
+                 properties=(_pooling_examples,))
 
 
 # --- part 4: self-attention without projections --------------------------------------------------------
@@ -163,33 +148,25 @@ def _self_attention_cases(g: torch.Generator) -> list[Case]:
 
 
 def _run_self_attention(obj: Any, case: Case) -> Any:
-    if "perm" not in case.data:
-        return call_function(obj, case)
+    """On the permutation case, also the output on the permuted rows (for the equivariance check)."""
     (X,), kwargs = case.fresh_args()
+    if "perm" not in case.data:
+        return obj(X, **kwargs)
     return obj(X.clone(), **kwargs), obj(X[case.data["perm"]].clone(), **kwargs)
 
 
-def _self_attention_reference(X: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    X = X.to(torch.float64)
-    weights = torch.softmax(beta * torch.matmul(X, X.transpose(-2, -1)), dim=-1)
+def _self_attention_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    X = v.x[0]
+    weights = torch.softmax(v.kwargs["beta"] * torch.matmul(X, X.transpose(-2, -1)), dim=-1)
     return torch.matmul(weights, X), weights
-
-
-def _unpack_permuted(v: View) -> str | None:
-    if "perm" in v.data:
-        if not isinstance(v.output, tuple) or len(v.output) != 2:
-            return "expected your function to return a tuple (output, weights)"
-        v.output, v.extra = v.output
-    return None
 
 
 def _permuted(v: View) -> str | None:
     if v.extra is None:
         return None
-    perm = v.data["perm"]
-    problem = pair_problem(v.extra, v.want.output.shape, v.want.weights.shape)
-    if problem:
+    if problem := pair_problem(v.extra, v.want.output.shape, v.want.weights.shape):
         return problem
+    perm = v.data["perm"]
     gap = (f64(v.extra[0]) - f64(v.got.output)[perm]).abs().max()
     if not gap <= 1e-4:
         return (f"permuting the rows of X by {perm.tolist()} should permute the output rows the same way, "
@@ -204,40 +181,28 @@ def _weights_atol(v: View) -> float:
 
 
 _SELF_ATTENTION = Check(
-    reference=lambda v: _self_attention_reference(v.x[0], v.kwargs["beta"]),
+    reference=_self_attention_reference,
     outputs=(Out("output", "weights @ X", atol=lambda v: max(1e-4, _weights_atol(v) * float(v.x[0].abs().max()))),
              Out("weights", "softmax(beta * X Xᵀ)", atol=_weights_atol)),
     compare=("weights",),
-    unpack=_unpack_permuted,
+    unpack=second_run("perm", message="expected your function to return a tuple (output, weights)"),
     advice=_advice,
     properties=(_permuted, distribution("weights")),
 )
 
 
 # --- part 5: measuring permutation equivariance --------------------------------------------------------
+# The maps f handed to the learner's function are module-level functions (or partials) so that cases pickle.
 def _self_attention_map(X: torch.Tensor) -> torch.Tensor:
-    """Equivariant: self-attention without projections, beta = 1."""
     return torch.softmax(X @ X.transpose(-2, -1), dim=-1) @ X
 
 
 def _row_wise_map(X: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Equivariant: the same map applied to every row on its own."""
     return torch.tanh(X @ W)
 
 
 def _centre_rows(X: torch.Tensor) -> torch.Tensor:
-    """Equivariant: subtract the mean of all rows (a set statistic)."""
     return X - X.mean(dim=-2, keepdim=True)
-
-
-def _running_sum(X: torch.Tensor) -> torch.Tensor:
-    """Not equivariant: row i sums rows 0..i, so it depends on the order."""
-    return torch.cumsum(X, dim=-2)
-
-
-def _add_positions(X: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-    """Not equivariant: adds a different vector to each position."""
-    return X + P
 
 
 def _equivariance_cases(g: torch.Generator) -> list[Case]:
@@ -246,26 +211,24 @@ def _equivariance_cases(g: torch.Generator) -> list[Case]:
 
     return [
         case("f = self-attention (equivariant)", _self_attention_map, 5, 3),
-        case("f = the same map on every row (equivariant)", functools.partial(_row_wise_map, W=randn(g, 4, 2)), 6, 4),
+        case("f = the same map on every row (equivariant)", partial(_row_wise_map, W=randn(g, 4, 2)), 6, 4),
         case("f = subtract the mean row (equivariant)", _centre_rows, 4, 3),
-        case("f = running sum over positions (not equivariant)", _running_sum, 5, 2),
-        case("f = add a vector per position (not equivariant)",
-             functools.partial(_add_positions, P=randn(g, 6, 3)), 6, 3),
+        case("f = running sum over positions (not equivariant)", partial(torch.cumsum, dim=-2), 5, 2),
+        case("f = add a vector per position (not equivariant)", partial(torch.add, other=randn(g, 6, 3)), 6, 3),
     ]
 
 
 def _verify_equivariance(case: Case, output: Any) -> str | None:
     f, X, perm = case.args
     expected = float((f(X[perm]).to(torch.float64) - f(X).to(torch.float64)[perm]).abs().max())
-    problem = scalar_problem(output, "your gap")
-    if problem:
+    if problem := scalar_problem(output, "your gap"):
         return problem
     gap = float(output)
-    if not abs(gap - expected) <= 1e-4 + 1e-3 * expected:
-        kind = "is" if expected < 1e-4 else "is not"
-        return (f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
-                f"{fmt(expected)} (this f {kind} permutation equivariant)")
-    return None
+    if abs(gap - expected) <= 1e-4 + 1e-3 * expected:
+        return None
+    kind = "is" if expected < 1e-4 else "is not"
+    return (f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
+            f"{fmt(expected)} (this f {kind} permutation equivariant)")
 
 
 EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex02.toml

@@ -1,18 +1,16 @@
 """Exercise 03, attention as a soft key–value lookup: the checks behind ``exercises/ex03_key_value_store.ipynb``.
 
-The learner builds chapter 03's core with the course's row convention (one query, key or value per row):
-a hard lookup (the value of the best-scoring key), the soft lookup ``softmax(beta · Q Kᵀ) V``, the additive
-score ``wᵀ tanh(q W_q + k W_k)``, and the limit of the soft lookup as ``beta → ∞``, where keys tied for the
-highest score share the weight.
-
-References are computed in float64 in the checking process: ``F.scaled_dot_product_attention`` for the soft
-lookup, the library's :class:`~attention_course.additive.AdditiveAttention` (with the learner's matrices
-copied in) for the additive score, and the definitions for the hard lookup and the limit. Properties (rows
-sum to one, outputs are rows of the values, scores bounded by ``‖w‖₁``) give the specific messages.
+The learner writes, one query, key or value per row: a hard lookup, the soft lookup ``softmax(beta · Q Kᵀ) V``,
+the additive score ``wᵀ tanh(q W_q + k W_k)`` and the soft lookup's limit as ``beta → ∞`` (tied keys share the
+weight). References, in float64: ``F.scaled_dot_product_attention``, the library's ``AdditiveAttention`` with the
+learner's matrices, and the definitions. Recognised mistakes: another key's value, beta ignored or over sqrt(d_k),
+tanh left out or applied to each term.
 """
+
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -32,6 +30,12 @@ def _randint(g: torch.Generator, *shape: int, low: int = -2, high: int = 3) -> t
     return torch.randint(low, high, shape, generator=g).to(torch.float32)
 
 
+def _qkv(g: torch.Generator, m: int, n: int, d_k: int, d_v: int, batch: tuple[int, ...] = (), scale: float = 1.0
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``m`` queries and ``n`` keys of width ``d_k`` (times ``scale``), ``n`` values of width ``d_v``."""
+    return (randn(g, *batch, m, d_k, scale=scale), randn(g, *batch, n, d_k, scale=scale), randn(g, *batch, n, d_v))
+
+
 def _scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """Reference dot-product scores ``(..., m, n)`` in float64."""
     return torch.matmul(query.to(torch.float64), keys.to(torch.float64).transpose(-2, -1))
@@ -42,16 +46,13 @@ def _hard_cases(g: torch.Generator) -> list[Case]:
     tied_keys = _randint(g, 6, 3, low=-2, high=2)
     tied_keys[1] = tied_keys[4] = 2.0  # equal keys, and the best ones for the positive queries below
     return [
-        Case("one query (1, 4), 6 keys, values of width 3", (randn(g, 1, 4), randn(g, 6, 4), randn(g, 6, 3))),
-        Case("5 queries, 8 keys (d_k = 3), values of width 5",
-             (randn(g, 5, 3), randn(g, 8, 3), randn(g, 8, 5))),
-        Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)",
-             (randn(g, 2, 4, 3), randn(g, 2, 6, 3), randn(g, 2, 6, 2))),
+        Case("one query (1, 4), 6 keys, values of width 3", _qkv(g, 1, 6, 4, 3)),
+        Case("5 queries, 8 keys (d_k = 3), values of width 5", _qkv(g, 5, 8, 3, 5)),
+        Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)", _qkv(g, 4, 6, 3, 2, batch=(2,))),
         Case("keys 1 and 4 are equal: on a tie the first key wins",
              (_randint(g, 4, 3, low=1, high=3), tied_keys, randn(g, 6, 2))),
-        Case("every score negative", (randn(g, 3, 2).abs() + 0.5, -(randn(g, 5, 2).abs() + 0.5),
-                                      randn(g, 5, 3))),
-        Case("a single key: every query gets its value", (randn(g, 3, 4), randn(g, 1, 4), randn(g, 1, 6))),
+        Case("every score negative", (randn(g, 3, 2).abs() + 0.5, -(randn(g, 5, 2).abs() + 0.5), randn(g, 5, 3))),
+        Case("a single key: every query gets its value", _qkv(g, 3, 1, 4, 6)),
     ]
 
 
@@ -64,13 +65,10 @@ def _hard_reference(v: View) -> torch.Tensor:
 def _hard_rows(v: View) -> str | None:
     """Each output row must be the best key's value; a row that is another key's value says which key."""
     query, keys, values = v.x
-    rows, flat_values = f64(v.got.output).reshape(-1, values.shape[-1]), values.reshape(-1, *values.shape[-2:])
-    winners, m = _scores(query, keys).argmax(dim=-1).reshape(flat_values.shape[0], -1), query.shape[-2]
-    for r in range(rows.shape[0]):
-        batch, i = divmod(r, m)
-        index = [*torch.unravel_index(torch.tensor(batch), query.shape[:-2]), i] if query.dim() > 2 else [i]
-        best = int(winners[batch, i])
-        same = [j for j in range(flat_values.shape[1]) if torch.allclose(rows[r], flat_values[batch, j], atol=1e-6)]
+    winners, got = _scores(query, keys).argmax(dim=-1), f64(v.got.output)
+    for index in itertools.product(*map(range, query.shape[:-1])):  # (batch..., query)
+        best = int(winners[index])
+        same = [j for j, value in enumerate(values[index[:-1]]) if torch.allclose(got[index], value, atol=1e-6)]
         if best in same:
             continue
         if same:
@@ -87,19 +85,16 @@ _HARD = Check(reference=_hard_reference, outputs=(Out("output"),), after=(_hard_
 # --- part 2: the soft lookup -----------------------------------------------------------------------------
 def _soft_cases(g: torch.Generator) -> list[Case]:
     return [
-        Case("3 queries, 5 keys (d_k = 4), values of width 2, beta = 1",
-             (randn(g, 3, 4), randn(g, 5, 4), randn(g, 5, 2)), {"beta": 1.0}),
-        Case("d_k = 16, beta = 1 (no 1/sqrt(d_k) here: beta is the only scale)",
-             (randn(g, 2, 16, scale=0.4), randn(g, 6, 16, scale=0.4), randn(g, 6, 3)), {"beta": 1.0}),
+        Case("3 queries, 5 keys (d_k = 4), values of width 2, beta = 1", _qkv(g, 3, 5, 4, 2), {"beta": 1.0}),
+        Case("d_k = 16, beta = 1 (no 1/sqrt(d_k) here: beta is the only scale)", _qkv(g, 2, 6, 16, 3, scale=0.4),
+             {"beta": 1.0}),
         Case("a batch: queries (2, 3, 4), keys (2, 7, 4), values (2, 7, 5), beta = 0.5",
-             (randn(g, 2, 3, 4), randn(g, 2, 7, 4), randn(g, 2, 7, 5)), {"beta": 0.5}),
-        Case("beta = 0: every query gets the mean of the values",
-             (randn(g, 2, 3), randn(g, 4, 3), randn(g, 4, 2)), {"beta": 0.0}),
-        Case("beta = 40: close to the hard lookup", (randn(g, 3, 3), randn(g, 6, 3), randn(g, 6, 4)),
-             {"beta": 40.0}, {"stability": True}),
-        Case("scores around 1e4 (overflow test)", (randn(g, 2, 2, scale=100.0), randn(g, 5, 2, scale=100.0),
-                                                   randn(g, 5, 3)), {"beta": 1.0}, {"stability": True}),
-        Case("a single key", (randn(g, 3, 4), randn(g, 1, 4), randn(g, 1, 2)), {"beta": 2.0}),
+             _qkv(g, 3, 7, 4, 5, batch=(2,)), {"beta": 0.5}),
+        Case("beta = 0: every query gets the mean of the values", _qkv(g, 2, 4, 3, 2), {"beta": 0.0}),
+        Case("beta = 40: close to the hard lookup", _qkv(g, 3, 6, 3, 4), {"beta": 40.0}, {"stability": True}),
+        Case("scores around 1e4 (overflow test)", _qkv(g, 2, 5, 2, 3, scale=100.0), {"beta": 1.0},
+             {"stability": True}),
+        Case("a single key", _qkv(g, 3, 1, 4, 2), {"beta": 2.0}),
     ]
 
 
@@ -128,8 +123,7 @@ _SOFT = Check(
         Mistake(lambda v: torch.softmax(_scores(*v.x[:2]), dim=-1),
                 "your weights ignore beta: multiply the scores by beta before the softmax", on="weights"),
         Mistake(lambda v: torch.softmax(v.kwargs["beta"] * _scores(*v.x[:2]) / v.x[0].shape[-1] ** 0.5, dim=-1),
-                "your weights divide the scores by sqrt(d_k): in this exercise beta is the only scale",
-                on="weights"),
+                "your weights divide the scores by sqrt(d_k): in this exercise beta is the only scale", on="weights"),
     ),
 )
 
@@ -159,6 +153,12 @@ def _additive_reference(v: View) -> torch.Tensor:
         return module.score(query, keys)  # (..., m, n)
 
 
+def _additive_variant(v: View, hidden: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """The scores with ``hidden(q W_q, k W_k)`` in place of ``tanh(q W_q + k W_k)``."""
+    query, keys, W_q, W_k, w = v.x
+    return hidden((query @ W_q).unsqueeze(-2), (keys @ W_k).unsqueeze(-3)) @ w
+
+
 def _bounded(v: View) -> str | None:
     bound, largest = float(v.x[4].abs().sum()), float(f64(v.got.scores).abs().max())
     if largest > bound * (1 + 1e-5) + 1e-5:
@@ -178,11 +178,6 @@ _ADDITIVE = Check(
 )
 
 
-def _additive_variant(v: View, hidden: Callable[..., torch.Tensor]) -> torch.Tensor:
-    query, keys, W_q, W_k, w = v.x
-    return hidden((query @ W_q).unsqueeze(-2), (keys @ W_k).unsqueeze(-3)) @ w
-
-
 # --- part 4: the limit beta -> infinity ------------------------------------------------------------------
 def _limit_cases(g: torch.Generator) -> list[Case]:
     duplicated = _randint(g, 5, 2, low=-2, high=3)
@@ -192,7 +187,7 @@ def _limit_cases(g: torch.Generator) -> list[Case]:
     # Keys 1 and 2 point the same way and key 2 is longer by one part in 1e9: the limit is one-hot on key 2.
     near_keys = torch.stack([others[0], base, base * (1 + 1e-9), others[1]])
     return [
-        Case("4 queries, 6 keys: unique best keys", (randn(g, 4, 3), randn(g, 6, 3), randn(g, 6, 2))),
+        Case("4 queries, 6 keys: unique best keys", _qkv(g, 4, 6, 3, 2)),
         Case("keys 0 and 3 are equal: tied best keys share the weight",
              (_randint(g, 6, 2, low=0, high=4), duplicated, randn(g, 5, 3)), data={"ties": True}),
         Case("every key equal: the limit is the mean of the values",
@@ -201,15 +196,16 @@ def _limit_cases(g: torch.Generator) -> list[Case]:
              (base.unsqueeze(0), near_keys, randn(g, 4, 2, dtype=torch.float64)), data={"near": True}),
         Case("a batch: queries (2, 3, 2), keys (2, 4, 2) of small integers (many ties)",
              (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), randn(g, 2, 4, 3)), data={"ties": True}),
-        Case("scores around 1e4", (randn(g, 3, 2, scale=100.0), randn(g, 5, 2, scale=100.0), randn(g, 5, 2))),
+        Case("scores around 1e4", _qkv(g, 3, 5, 2, 2, scale=100.0)),
     ]
 
 
-def _limit_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+def _limit_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    query, keys, values = v.x
     scores = _scores(query, keys)
     best = scores == scores.amax(dim=-1, keepdim=True)  # (..., m, n): every key tied for the highest score
     weights = best.to(torch.float64) / best.sum(dim=-1, keepdim=True)
-    return torch.matmul(weights, values.to(torch.float64)), weights
+    return torch.matmul(weights, values), weights
 
 
 def _ties(v: View) -> str | None:
@@ -234,7 +230,7 @@ def _near_tie(v: View) -> str | None:
 
 _LIMIT = "the limit of softmax(beta * scores) as beta grows"
 _LIMIT_CHECK = Check(
-    reference=lambda v: _limit_reference(*v.x),
+    reference=_limit_reference,
     outputs=(Out("output", "limit_weights @ values", atol=1e-4), Out("weights", _LIMIT, atol=1e-6, rtol=0.0)),
     compare=("weights",),
     properties=(distribution("weights"), _ties, _near_tie),

@@ -1,13 +1,9 @@
 """Exercise 04, queries, keys and values: the checks behind ``exercises/ex04_queries_keys_values.ipynb``.
 
-The learner builds chapter 04's core in the course's row convention (one token per row): the three
-projections Q = X W_Q, K = X W_K, V = X W_V (with a clear error when W_Q and W_K disagree on d_k), the same
-three from one fused matrix, one query's output step by step, all outputs in matrix form, and
-cross-attention with queries and keys/values from two different sequences.
-
-References are computed in float64 in the checking process with PyTorch (``torch.matmul``,
-``F.scaled_dot_product_attention``); properties (shapes, rows summing to one, the softmax axis, the
-1/√d_k factor, invariance to reordering the source) give the specific messages.
+The learner writes, one token per row: the projections Q = X W_Q, K = X W_K, V = X W_V (a ValueError when the
+shapes disagree), the same from one fused matrix, one query's output step by step, the matrix form, and
+cross-attention. References are PyTorch's, in float64. Recognised mistakes: transposed projections or weights,
+equal thirds of W_qkv, a missing or wrong 1/sqrt(d_k), the softmax over the queries, queries from the source.
 """
 
 from __future__ import annotations
@@ -18,14 +14,13 @@ from typing import Any
 import torch
 
 from attention_course.grading.compare import f64, float32_atol, fmt, fmt_shape, tensor_problem, tuple_problem
-from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on
+from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on, second_run
 from attention_course.grading.spec import (
     Case,
     Exercise,
     Mistake,
     Part,
     call_expecting_error,
-    call_function,
     permutation,
     preamble,
     randn,
@@ -35,19 +30,14 @@ from attention_course.grading.spec import (
 PREAMBLE = preamble()
 
 
-def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ · scale) v in float64; scale defaults to 1/√d_k. Returns (output, weights)."""
-    q, k, v = f64(q), f64(k), f64(v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    weights = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * scale, dim=-1)
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(softmax(q kᵀ / √d_k) v, weights)`` for float64 inputs."""
+    weights = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])), dim=-1)
     return torch.matmul(weights, v), weights
 
 
 def _weights_atol(q: torch.Tensor, k: torch.Tensor) -> float:
-    """Tolerance for float32 weights: scores of 1e4 are rounded at that scale, and a weight moves by less than
-    its score's roundoff."""
+    """Scores of 1e4 are rounded at that scale in float32; a weight moves by less than its score's roundoff."""
     scores = torch.matmul(f64(q), f64(k).transpose(-2, -1)) / math.sqrt(q.shape[-1])
     return float32_atol(scores.abs().max(), factor=1.0)
 
@@ -64,10 +54,8 @@ _WEIGHT_MISTAKES = (
 )
 
 
-def _scores_and_d_k(v: View, qk: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, int]:
-    """The inputs of :data:`_WEIGHT_MISTAKES`: the unscaled scores of the queries and keys (default: the case's
-    first two arguments) and d_k."""
-    q, k = qk or v.x[:2]
+def _scores_and_d_k(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The inputs of :data:`_WEIGHT_MISTAKES`: the unscaled scores and d_k."""
     return torch.matmul(q, k.transpose(-2, -1)), q.shape[-1]
 
 
@@ -75,13 +63,9 @@ def _scores_and_d_k(v: View, qk: tuple[torch.Tensor, torch.Tensor] | None = None
 def _projection_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, x_shape: tuple[int, ...], d_k: int, d_v: int, d_k_key: int | None = None,
              w_rows: int | None = None, error: str | None = None) -> Case:
-        d_model = x_shape[-1]
-        rows = w_rows or d_model
-        return Case(
-            name,
-            (randn(g, *x_shape), randn(g, rows, d_k), randn(g, rows, d_k_key or d_k), randn(g, rows, d_v)),
-            data={"error": error} if error else {},
-        )
+        X, rows = randn(g, *x_shape), w_rows or x_shape[-1]
+        return Case(name, (X, randn(g, rows, d_k), randn(g, rows, d_k_key or d_k), randn(g, rows, d_v)),
+                    data={"error": error} if error else {})
 
     return [
         case("X (5, 6), d_k = d_v = 4", (5, 6), 4, 4),
@@ -145,9 +129,8 @@ def _split_widths(v: View) -> str | None:
 
 
 def _fused_reference(v: View) -> tuple[torch.Tensor, ...]:
-    X, W_qkv = v.x
     d_k = v.kwargs["d_k"]
-    return tuple(torch.matmul(X, W) for W in (W_qkv[:, :d_k], W_qkv[:, d_k:2 * d_k], W_qkv[:, 2 * d_k:]))
+    return tuple(torch.matmul(v.x[0], W) for W in v.x[1].tensor_split([d_k, 2 * d_k], dim=1))
 
 
 _FUSED = Check(reference=_fused_reference, before=(_split_widths,),
@@ -181,7 +164,7 @@ _ONE_QUERY = Check(
              Out("weights", "softmax(K q / sqrt(d_k))", by_rows=False, atol=lambda v: _weights_atol(*v.args[:2]))),
     compare=("weights",),
     properties=(distribution("weights"), _uniform),
-    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*v.x[:2]), on="weights"),
 )
 
 
@@ -217,7 +200,7 @@ _MATRIX = Check(
     compare=("weights",),
     before=(_transposed_weights,),
     properties=(distribution("weights"),),
-    mistakes=mistakes_on(_WEIGHT_MISTAKES, _scores_and_d_k, on="weights"),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*v.x[:2]), on="weights"),
 )
 
 
@@ -244,27 +227,19 @@ def _cross_cases(g: torch.Generator) -> list[Case]:
 
 
 def _run_cross(obj: Any, case: Case) -> Any:
+    """On a reordering case, also the output with the source (``perm_kv``) or the target (``perm_q``) reordered."""
+    (X_q, X_kv, *weights), kwargs = case.fresh_args()
     if "perm_kv" not in case.data and "perm_q" not in case.data:
-        return call_function(obj, case)
-    args, kwargs = case.fresh_args()
-    X_q, X_kv, *weights = args
+        return obj(X_q, X_kv, *weights, **kwargs)
     plain = obj(X_q.clone(), X_kv.clone(), *weights, **kwargs)
     if "perm_kv" in case.data:
-        return plain, obj(X_q.clone(), X_kv[case.data["perm_kv"]].clone(), *weights, **kwargs)
-    return plain, obj(X_q[case.data["perm_q"]].clone(), X_kv.clone(), *weights, **kwargs)
+        return plain, obj(X_q.clone(), X_kv[case.data["perm_kv"]], *weights, **kwargs)
+    return plain, obj(X_q[case.data["perm_q"]], X_kv.clone(), *weights, **kwargs)
 
 
 def _projections(v: View) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     X_q, X_kv, W_Q, W_K, W_V = v.x
     return torch.matmul(X_q, W_Q), torch.matmul(X_kv, W_K), torch.matmul(X_kv, W_V)
-
-
-def _unpack_permuted(v: View) -> str | None:
-    if "perm_kv" in v.data or "perm_q" in v.data:
-        if not isinstance(v.output, tuple) or len(v.output) != 2:
-            return "expected your function to return a tuple (output, weights)"
-        v.output, v.extra = v.output
-    return None
 
 
 def _roles(v: View) -> str | None:
@@ -283,28 +258,26 @@ def _reordered(v: View) -> str | None:
                                                                              v.want.output.shape)
     if problem:
         return problem
-    if "perm_kv" in v.data:
-        gap = float((f64(v.extra[0]) - f64(v.got.output)).abs().max())
-        if not gap <= 1e-4:
-            return (f"reordering the source tokens (keys and values together) changed your output by up to "
-                    f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
+    perm = v.data.get("perm_q")  # reordered targets reorder the output; reordered sources leave it as it is
+    expected = f64(v.got.output) if perm is None else f64(v.got.output)[perm]
+    gap = float((f64(v.extra[0]) - expected).abs().max())
+    if gap <= 1e-4:
         return None
-    perm = v.data["perm_q"]
-    gap = float((f64(v.extra[0]) - f64(v.got.output)[perm]).abs().max())
-    if not gap <= 1e-4:
-        return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
-                f"way, but they differ by up to {fmt(gap)}")
-    return None
+    if perm is None:
+        return (f"reordering the source tokens (keys and values together) changed your output by up to "
+                f"{fmt(gap)}; attention over the source is a weighted average of a set, so it must not")
+    return (f"reordering the target tokens by {perm.tolist()} should reorder your output rows the same "
+            f"way, but they differ by up to {fmt(gap)}")
 
 
 _CROSS = Check(
     reference=lambda v: _reference_attention(*_projections(v)),
     outputs=(Out("output", "weights @ (X_kv W_V)"), Out("weights", "softmax((X_q W_Q)(X_kv W_K)ᵀ / sqrt(d_k))")),
     compare=("weights",),
-    unpack=_unpack_permuted,
+    unpack=second_run("perm_kv", "perm_q", message="expected your function to return a tuple (output, weights)"),
     before=(_roles,),
     properties=(distribution("weights"),),
-    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(v, _projections(v)[:2]), on="weights"),
+    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*_projections(v)[:2]), on="weights"),
     after=(_reordered,),
 )
 

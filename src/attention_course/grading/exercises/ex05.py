@@ -1,15 +1,9 @@
 """Exercise 05, scaling and masking: the checks behind ``exercises/ex05_scaling_and_masking.ipynb``.
 
-The learner builds chapter 05's core in the course's convention (boolean masks, **True = may attend**):
-scaled scores Q Kᵀ / √d_k, a masked softmax that gives zero weights (never NaN) to a query with no allowed
-key, scaled dot-product attention with a mask, causal self-attention (the causal mask), and causal
-self-attention over a padded batch (causal and padding masks combined).
-
-References are computed in float64 in the checking process from PyTorch (``torch.softmax`` over the allowed
-keys, times the values: what ``F.scaled_dot_product_attention`` gives, and zero for a query with no allowed
-key); properties (blocked keys get zero weight, rows sum to one,
-fully masked rows are zero and finite, gradients stay finite, no leakage from the future, padding changes
-nothing for real tokens) give the specific messages.
+With boolean masks (True = may attend) the learner writes scaled scores, a masked softmax (zero weights, never
+NaN, for a query with no allowed key), masked scaled dot-product attention, causal self-attention and causal
+self-attention over a padded batch. References: the float64 softmax over the allowed keys. Recognised: a missing
+or wrong 1/sqrt(d_k), NaN rows, an inverted mask, masking after the softmax, future leakage, ignored padding.
 """
 
 from __future__ import annotations
@@ -39,22 +33,38 @@ def _random_mask(g: torch.Generator, *shape: int, keep_one: bool = True) -> torc
     return mask
 
 
+def _causal(length: int) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool).tril()
+
+
+def _projections(g: torch.Generator, d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
+    """W_Q, W_K, W_V scaled so that the projections stay near unit size."""
+    s = d_model ** -0.5
+    return randn(g, d_model, d_k, scale=s), randn(g, d_model, d_k, scale=s), randn(g, d_model, d_v, scale=s)
+
+
 def _reference_weights(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax over the allowed keys in float64; rows with no allowed key are all zeros."""
+    """Softmax over the allowed keys in float64; rows with no allowed key (0/0 = NaN) become zeros."""
     scores = f64(scores)
-    if mask is None:
-        return torch.softmax(scores, dim=-1)
-    mask = mask.expand(scores.shape)
-    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.nan_to_num(weights, nan=0.0)  # a fully masked row is 0/0 = NaN before this line
+    if mask is not None:
+        scores = scores.masked_fill(~mask.expand(scores.shape), float("-inf"))
+    return torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+
+
+def _scaled_scores(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+
+
+def _d_k(v: View) -> int:
+    return v.x[0].shape[-1]
 
 
 # --- part 1: scaled scores ----------------------------------------------------------------------------
 def _scores_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("Q (4, 8), K (6, 8)", (randn(g, 4, 8), randn(g, 6, 8))),
-        Case("batch and head dimensions: Q (2, 3, 5, 16), K (2, 3, 7, 16)", (randn(g, 2, 3, 5, 16),
-                                                                               randn(g, 2, 3, 7, 16))),
+        Case("batch and head dimensions: Q (2, 3, 5, 16), K (2, 3, 7, 16)",
+             (randn(g, 2, 3, 5, 16), randn(g, 2, 3, 7, 16))),
         Case("unit-variance Q and K with d_k = 256: the scaled scores have variance about 1",
              (randn(g, 64, 256), randn(g, 64, 256)), data={"variance": True}),
         Case("d_k = 1", (randn(g, 3, 1), randn(g, 4, 1))),
@@ -67,8 +77,8 @@ def _raw_scores(v: View) -> torch.Tensor:
 
 def _transposed_scores(v: View) -> str | None:
     want = v.want.scores
-    if isinstance(v.output, torch.Tensor) and want.dim() >= 2 and want.shape[-1] != want.shape[-2] and \
-            tuple(v.output.shape) == (*want.shape[:-2], want.shape[-1], want.shape[-2]):
+    transposed = (*want.shape[:-2], want.shape[-1], want.shape[-2])
+    if isinstance(v.output, torch.Tensor) and want.shape[-1] != want.shape[-2] and v.output.shape == transposed:
         return (tensor_problem(v.output, "your scores", want.shape)
                 + ": one row per query and one column per key, Q @ K.transpose(-2, -1)")
     return None
@@ -87,16 +97,16 @@ def _unit_variance(v: View) -> str | None:
 
 
 _SCORES = Check(
-    reference=lambda v: _raw_scores(v) / math.sqrt(v.x[0].shape[-1]),
+    reference=lambda v: _scaled_scores(*v.x),
     outputs=(Out("scores", "Q Kᵀ / sqrt(d_k)"),),
     before=(_transposed_scores,),
-    mistakes=(
-        Mistake(lambda v: _raw_scores(v) if v.x[0].shape[-1] > 1 else None,
+    mistakes=(  # with d_k = 1 every scaling gives the same scores: nothing to tell apart
+        Mistake(lambda v: _raw_scores(v) if _d_k(v) > 1 else None,
                 lambda v: f"your scores are Q Kᵀ without the factor 1/sqrt(d_k){_variance_note(v)}; divide by "
-                f"sqrt({v.x[0].shape[-1]})", on="scores"),
-        Mistake(lambda v: _raw_scores(v) / v.x[0].shape[-1] if v.x[0].shape[-1] > 1 else None,
-                lambda v: f"your scores are divided by d_k = {v.x[0].shape[-1]}{_variance_note(v)}; divide by "
-                "sqrt(d_k) instead", on="scores"),
+                f"sqrt({_d_k(v)})"),
+        Mistake(lambda v: _raw_scores(v) / _d_k(v) if _d_k(v) > 1 else None,
+                lambda v: f"your scores are divided by d_k = {_d_k(v)}{_variance_note(v)}; divide by sqrt(d_k) "
+                "instead"),
     ),
     matches=functools.partial(matches, atol=1e-4, rtol=1e-4),
     explain=(_unit_variance,),
@@ -109,16 +119,15 @@ def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
     fully[2] = False
     left_pad = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     left_pad[1, ..., :2] = False
-    causal = torch.ones(5, 5, dtype=torch.bool).tril()
     return [
         Case("scores (4, 6) with a random mask", (randn(g, 4, 6), _random_mask(g, 4, 6))),
-        Case("a causal mask (5, 5) shared by a batch of scores (2, 5, 5)", (randn(g, 2, 5, 5), causal)),
+        Case("a causal mask (5, 5) shared by a batch of scores (2, 5, 5)", (randn(g, 2, 5, 5), _causal(5))),
         Case("a padding mask (2, 1, 1, 6) for scores (2, 3, 4, 6)",
              (randn(g, 2, 3, 4, 6), _random_mask(g, 2, 1, 1, 6))),
         Case("row 2 has no allowed key: its weights must be all zero, not NaN", (randn(g, 4, 5), fully),
              data={"empty": True}),
         Case("left padding and a causal mask: the first rows of batch item 1 see nothing",
-             (randn(g, 2, 5, 5), causal & left_pad[:, 0]), data={"empty": True}),
+             (randn(g, 2, 5, 5), _causal(5) & left_pad[:, 0]), data={"empty": True}),
         Case("scores around 1e4 (stability)", (1e4 + randn(g, 3, 6), _random_mask(g, 3, 6))),
         Case("float64 scores keep their dtype", (randn(g, 3, 4, dtype=torch.float64), _random_mask(g, 3, 4))),
         Case("mask=None: a plain softmax", (randn(g, 3, 5), None)),
@@ -127,64 +136,57 @@ def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
 
 def _masked_weights(weights: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor | None,
                     what: str = "your weights") -> str | None:
-    """The properties of masked attention weights (of the right shape), each usual mistake with its message:
-    NaN for a query with no allowed key, the inverted mask, weight on a blocked key, rows that do not sum to
-    one (masking after the softmax), a changed dtype."""
+    """The properties of masked weights (of the right shape), each usual mistake with its message: NaN for a query
+    with no allowed key, the inverted mask, weight on a blocked key, masking after the softmax, a changed dtype."""
     expected = _reference_weights(scores, mask)
     allowed = torch.ones_like(expected, dtype=torch.bool) if mask is None else mask.expand(expected.shape)
     has_key = allowed.any(dim=-1)
-    nan_rows = torch.isnan(weights).any(dim=-1)
-    if (nan_rows & ~has_key).any():
-        index = (nan_rows & ~has_key).nonzero()[0].tolist()
-        return Finding(f"{row_name(index)} of {what} is NaN: that query has no allowed key, and masking with -inf "
-                       "gives 0/0. Fill blocked scores with a finite number (torch.finfo(scores.dtype).min) and set "
-                       "such rows to zero", FailureKind.NOT_FINITE)
+    nan_rows = torch.isnan(weights).any(dim=-1) & ~has_key
+    if nan_rows.any():
+        return Finding(f"{row_name(nan_rows.nonzero()[0].tolist())} of {what} is NaN: that query has no allowed "
+                       "key, and masking with -inf gives 0/0. Fill blocked scores with a finite number "
+                       "(torch.finfo(scores.dtype).min) and set such rows to zero", FailureKind.NOT_FINITE)
     problem = finite_problem(weights, what)
     if problem:
         return problem
     w = f64(weights)
-    if mask is not None and not allowed.all():
-        # Compare on the rows where both the mask and its inverse allow some key (the others are ambiguous).
-        both = has_key & (~allowed).any(dim=-1)
-        inverted = _reference_weights(scores, ~mask)
-        if both.any() and torch.allclose(w[both], inverted[both], atol=1e-5) and not torch.allclose(
-                w[both], expected[both], atol=1e-5):
+    # The inverted mask is told apart only on rows where both it and the mask allow some key.
+    both = has_key & (~allowed).any(dim=-1)
+    if both.any():
+        inverted = torch.allclose(w[both], _reference_weights(scores, ~mask)[both], atol=1e-5)
+        if inverted and not torch.allclose(w[both], expected[both], atol=1e-5):
             return Finding(f"{what} follow the inverted mask: in this course True means 'may attend', False means "
                            "blocked", FailureKind.KNOWN_MISTAKE)
     leaked = (w.abs() > 1e-6) & ~allowed
     if leaked.any():
-        index = leaked.nonzero()[0].tolist()
-        if not has_key[tuple(index[:-1])]:
-            return (f"{row_name(index[:-1])} of {what} has no allowed key, so all its weights must be 0; "
-                    f"yours gives {fmt(float(w[tuple(index)]))} to key {index[-1]}")
-        return (f"{row_name(index[:-1])} of {what} gives weight {fmt(float(w[tuple(index)]))} to key {index[-1]}, "
-                "which the mask blocks (False = may not attend)")
+        *row, key = leaked.nonzero()[0].tolist()
+        weight = fmt(float(w[(*row, key)]))
+        if not has_key[tuple(row)]:
+            return (f"{row_name(row)} of {what} has no allowed key, so all its weights must be 0; yours gives "
+                    f"{weight} to key {key}")
+        return (f"{row_name(row)} of {what} gives weight {weight} to key {key}, which the mask blocks "
+                "(False = may not attend)")
     sums = w.sum(dim=-1)
     short = ((sums - 1).abs() > 1e-4) & has_key
     if short.any():
-        index = short.nonzero()[0].tolist()
-        return (f"{row_name(index)} of {what} sums to {fmt(float(sums[tuple(index)]))} instead of 1: mask the "
-                "scores before the softmax (zeroing weights after it leaves rows that do not sum to one)")
+        row = short.nonzero()[0].tolist()
+        return (f"{row_name(row)} of {what} sums to {fmt(float(sums[tuple(row)]))} instead of 1: mask the scores "
+                "before the softmax (zeroing weights after it leaves rows that do not sum to one)")
     if weights.dtype != scores.dtype:
         return Finding(f"expected {what} to keep the dtype of the scores ({scores.dtype}), got {weights.dtype}",
                        FailureKind.DTYPE)
     return None
 
 
-def _masked_softmax_problem(v: View) -> str | None:
-    return _masked_weights(v.got.weights, *v.args)
-
-
 _MASKED_SOFTMAX = Check(reference=lambda v: _reference_weights(*v.args),
                         outputs=(Out("weights", "the softmax over the allowed keys", finite=False),),
-                        properties=(_masked_softmax_problem,))
+                        properties=(lambda v: _masked_weights(v.got.weights, *v.args),))
 
 
 def _masked_attention(scores: Callable[[View], torch.Tensor], mask: Callable[[View], torch.Tensor | None],
                       values: Callable[[View], torch.Tensor], output: str, weights: str, **steps: Any) -> Check:
-    """A part that returns ``(output, weights)`` of attention with a mask: ``scores``, ``mask`` and ``values``
-    give the reference (float64) for a view; the weights' properties (:func:`_masked_weights`) are checked
-    before the output's finiteness, since a NaN weight is the cause to name. ``steps``: the part's own."""
+    """A part returning ``(output, weights)`` of masked attention, the reference built from ``scores``, ``mask`` and
+    ``values``. The weights' properties come before the output's finiteness: a NaN weight is the cause to name."""
     def reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
         w = _reference_weights(scores(v), mask(v))
         return torch.matmul(w, values(v)), w
@@ -193,9 +195,19 @@ def _masked_attention(scores: Callable[[View], torch.Tensor], mask: Callable[[Vi
         return (_masked_weights(v.got.weights, scores(v).to(v.args[0].dtype), mask(v))
                 or finite_problem(v.got.output, "your output"))
 
-    return Check(reference=reference, outputs=(Out("output", output, finite=False), Out("weights", weights,
-                                                                                       finite=False)),
-                 compare=("weights",), properties=(properties,), **steps)
+    outputs = (Out("output", output, finite=False), Out("weights", weights, finite=False))
+    return Check(reference=reference, outputs=outputs, compare=("weights",), properties=(properties,), **steps)
+
+
+def _zero_rows(v: View, mask: torch.Tensor | None, message: str) -> str | None:
+    """The outputs of queries with no allowed key must be all zeros (``message`` names the row)."""
+    if mask is None:
+        return None
+    has_key = mask.expand(*v.want.output.shape[:-1], mask.shape[-1]).any(dim=-1)
+    rows = f64(v.got.output)[~has_key]
+    if not torch.equal(rows, torch.zeros_like(rows)):
+        return message.format(row=row_name((~has_key).nonzero()[0].tolist()))
+    return None
 
 
 # --- part 3: scaled dot-product attention with a mask --------------------------------------------------
@@ -208,8 +220,7 @@ def _attention_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("no mask: Q (4, 8), K (6, 8), V (6, 3)", qkv(lq=4, lk=6, d_k=8, d_v=3), {"mask": None}),
         Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", qkv(lq=5, lk=5, d_k=64, d_v=4), {"mask": None}),
-        Case("a causal mask (5, 5) for a batch (2, 5, 8)", qkv(2, lq=5, lk=5, d_k=8, d_v=8),
-             {"mask": torch.ones(5, 5, dtype=torch.bool).tril()}),
+        Case("a causal mask (5, 5) for a batch (2, 5, 8)", qkv(2, lq=5, lk=5, d_k=8, d_v=8), {"mask": _causal(5)}),
         Case("a padding mask (2, 1, 1, 6) for heads: Q (2, 3, 4, 8), K and V (2, 3, 6, 8)",
              qkv(2, 3, lq=4, lk=6, d_k=8, d_v=8), {"mask": _random_mask(g, 2, 1, 1, 6)}),
         Case("a query with no allowed key: zero weights and a zero output", qkv(2, lq=4, lk=6, d_k=4, d_v=5),
@@ -220,6 +231,7 @@ def _attention_cases(g: torch.Generator) -> list[Case]:
 
 
 def _run_attention(obj: Any, case: Case) -> Any:
+    """The output, or for a gradients case the gradients of ``output.sum()`` with respect to Q, K and V."""
     if not case.data.get("gradients"):
         return call_function(obj, case)
     args, kwargs = case.fresh_args()
@@ -227,21 +239,6 @@ def _run_attention(obj: Any, case: Case) -> Any:
     output, _ = obj(*inputs, **kwargs)
     output.sum().backward()
     return tuple(None if t.grad is None else t.grad.detach() for t in inputs)
-
-
-def _sdpa_scores(v: View) -> torch.Tensor:
-    return torch.matmul(v.x[0], v.x[1].transpose(-2, -1)) / math.sqrt(v.x[0].shape[-1])
-
-
-def _zero_rows(v: View, mask: torch.Tensor | None, message: str) -> str | None:
-    """The outputs of queries with no allowed key must be all zeros (``message`` names the row)."""
-    if mask is None:
-        return None
-    has_key = mask.expand(*v.want.output.shape[:-1], mask.shape[-1]).any(dim=-1)
-    rows = f64(v.got.output)[~has_key]
-    if not torch.equal(rows, torch.zeros_like(rows)):
-        return message.format(row=row_name((~has_key).nonzero()[0].tolist()))
-    return None
 
 
 def _gradients(output: Any) -> str | None:
@@ -257,12 +254,12 @@ def _gradients(output: Any) -> str | None:
 
 
 _ATTENTION = _masked_attention(
-    _sdpa_scores, lambda v: v.kwargs["mask"], lambda v: v.x[2], "F.scaled_dot_product_attention",
-    "the softmax over the allowed keys",
-    mistakes=(Mistake(lambda v: torch.softmax(_sdpa_scores(v) * math.sqrt(v.x[0].shape[-1]), dim=-1)
+    lambda v: _scaled_scores(*v.x[:2]), lambda v: v.kwargs["mask"], lambda v: v.x[2],
+    "F.scaled_dot_product_attention", "the softmax over the allowed keys",
+    mistakes=(Mistake(lambda v: torch.softmax(_scaled_scores(*v.x[:2]) * math.sqrt(_d_k(v)), dim=-1)
                       if v.kwargs["mask"] is None else None,
-                      lambda v: f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = "
-                      f"{v.x[0].shape[-1]})", on="weights"),),
+                      lambda v: f"your weights are softmax(Q Kᵀ) without the factor 1/sqrt(d_k) (here d_k = {_d_k(v)})",
+                      on="weights"),),
     explain=(lambda v: _zero_rows(v, v.kwargs["mask"], "the output of {row} (a query with no allowed key) must be "
                                   "all zeros"),),
 )
@@ -274,48 +271,44 @@ def _verify_attention(case: Case, output: Any) -> str | None:
 
 # --- part 4: causal self-attention ---------------------------------------------------------------------
 def _causal_cases(g: torch.Generator) -> list[Case]:
-    def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
-        s = d_model ** -0.5
-        return randn(g, d_model, d_k, scale=s), randn(g, d_model, d_k, scale=s), randn(g, d_model, d_v, scale=s)
-
     return [
-        Case("X (5, 6), d_k = 4, d_v = 3", (randn(g, 5, 6), *weights(6, 4, 3))),
-        Case("a batch X (2, 4, 6)", (randn(g, 2, 4, 6), *weights(6, 6, 6))),
-        Case("a single token: it can only attend to itself", (randn(g, 1, 5), *weights(5, 3, 2))),
-        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3", (randn(g, 2, 5, 6),
-                                                                                  *weights(6, 4, 3)),
-             data={"future": randn(g, 2, 2, 6)}),
+        Case("X (5, 6), d_k = 4, d_v = 3", (randn(g, 5, 6), *_projections(g, 6, 4, 3))),
+        Case("a batch X (2, 4, 6)", (randn(g, 2, 4, 6), *_projections(g, 6, 6, 6))),
+        Case("a single token: it can only attend to itself", (randn(g, 1, 5), *_projections(g, 5, 3, 2))),
+        Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3",
+             (randn(g, 2, 5, 6), *_projections(g, 6, 4, 3)), data={"future": randn(g, 2, 2, 6)}),
     ]
 
 
-def _run_causal(obj: Any, case: Case) -> Any:
-    if "future" not in case.data:
+def _run_twice(obj: Any, case: Case) -> Any:
+    """The output; a case with changed ``future`` tokens, or a padded sequence run ``alone``, also returns the
+    output of that second run."""
+    if "future" not in case.data and "alone" not in case.data:
         return call_function(obj, case)
-    args, kwargs = case.fresh_args()
-    X, *weights = args
-    changed = X.clone()
-    changed[..., 3:, :] = case.data["future"]
-    return obj(X.clone(), *weights, **kwargs), obj(changed, *weights, **kwargs)
+    (X, *rest), kwargs = case.fresh_args()
+    plain = obj(X.clone(), *rest, **kwargs)
+    if "future" in case.data:
+        changed = X.clone()
+        changed[..., 3:, :] = case.data["future"]
+        return plain, obj(changed, *rest, **kwargs)
+    row, length = case.data["alone"]
+    token_ids, pad_id, *weights = rest
+    return plain, obj(X[row:row + 1, :length].clone(), token_ids[row:row + 1, :length].clone(), pad_id, *weights,
+                      **kwargs)
 
 
-def _projected(v: View) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q, K, V = X W_Q, X W_K, X W_V (float64) for a case (X, W_Q, W_K, W_V, ...)."""
-    X, *weights = v.x
-    return tuple(torch.matmul(X, W) for W in weights[-3:])
-
-
-def _causal(length: int) -> torch.Tensor:
-    return torch.ones(length, length, dtype=torch.bool).tril()
+def _projected(v: View) -> tuple[torch.Tensor, ...]:
+    """Q, K, V = X W_Q, X W_K, X W_V (float64) for a case (X, ..., W_Q, W_K, W_V)."""
+    return tuple(torch.matmul(v.x[0], W) for W in v.x[-3:])
 
 
 def _causal_scores(v: View) -> torch.Tensor:
-    Q, K, _ = _projected(v)
-    return torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1])
+    return _scaled_scores(*_projected(v)[:2])
 
 
 def _zero_diagonal(v: View) -> str | None:
     weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == tuple(v.want.weights.shape) and bool(
+    if isinstance(weights, torch.Tensor) and weights.shape == v.want.weights.shape and bool(
             (torch.diagonal(f64(weights), dim1=-2, dim2=-1).abs() < 1e-12).all()):
         return "the diagonal of your weights is zero: a token may attend to itself (j = i is allowed)"
     return None
@@ -327,12 +320,13 @@ def _first_token(v: View) -> str | None:
     return None
 
 
-def _no_leakage(v: View, output: str = "output") -> str | None:
-    """The case's second run changed tokens 4 and 5 (``extra``): the outputs of tokens 1 to 3 must not move."""
+def _no_leakage(v: View, pair: bool = False) -> str | None:
+    """The second run changed tokens 4 and 5 (``extra``, a pair when the part returns one): the outputs of
+    tokens 1 to 3 must not move."""
     if "future" not in v.data:
         return None
-    problem = tuple_problem(v.extra, "output", "weights") if output == "pair" else None
-    changed = v.extra if problem or output != "pair" else v.extra[0]
+    problem = tuple_problem(v.extra, "output", "weights") if pair else None
+    changed = v.extra[0] if pair and not problem else v.extra
     problem = problem or tensor_problem(changed, "your output", v.got.output.shape)
     if problem:
         return problem
@@ -349,48 +343,25 @@ _CAUSAL = _masked_attention(
     unpack=second_run("future", "alone"),
     before=(_zero_diagonal,),
     explain=(_first_token,),
-    after=(lambda v: _no_leakage(v, "pair"),),
+    after=(lambda v: _no_leakage(v, pair=True),),
 )
 
 
 # --- part 5: causal self-attention over a padded batch -------------------------------------------------
 def _decoder_cases(g: torch.Generator) -> list[Case]:
-    def weights(d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
-        s = d_model ** -0.5
-        return randn(g, d_model, d_k, scale=s), randn(g, d_model, d_k, scale=s), randn(g, d_model, d_v, scale=s)
-
-    def tokens(rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor(rows)
-
     pad = 0
-    right = tokens([[4, 7, 2, 9, 5], [3, 8, 6, pad, pad]])
-    left = tokens([[pad, pad, 6, 2, 7], [5, 1, 9, 3, 4]])
+    right = torch.tensor([[4, 7, 2, 9, 5], [3, 8, 6, pad, pad]])
+    left = torch.tensor([[pad, pad, 6, 2, 7], [5, 1, 9, 3, 4]])
     return [
-        Case("right padding: (2, 5) tokens, d_model 6", (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3))),
+        Case("right padding: (2, 5) tokens, d_model 6", (randn(g, 2, 5, 6), right, pad, *_projections(g, 6, 4, 3))),
         Case("left padding: the first queries of sequence 0 see no real token (zero output)",
-             (randn(g, 2, 5, 6), left, pad, *weights(6, 4, 4))),
-        Case("padding id 2 (not 0)", (randn(g, 1, 4, 5), tokens([[7, 3, 2, 2]]), 2, *weights(5, 3, 5))),
+             (randn(g, 2, 5, 6), left, pad, *_projections(g, 6, 4, 4))),
+        Case("padding id 2 (not 0)", (randn(g, 1, 4, 5), torch.tensor([[7, 3, 2, 2]]), 2, *_projections(g, 5, 3, 5))),
         Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3",
-             (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"future": randn(g, 2, 2, 6)}),
+             (randn(g, 2, 5, 6), right, pad, *_projections(g, 6, 4, 3)), data={"future": randn(g, 2, 2, 6)}),
         Case("padding changes nothing: sequence 1 alone (3 tokens) gives the same 3 outputs",
-             (randn(g, 2, 5, 6), right, pad, *weights(6, 4, 3)), data={"alone": (1, 3)}),
+             (randn(g, 2, 5, 6), right, pad, *_projections(g, 6, 4, 3)), data={"alone": (1, 3)}),
     ]
-
-
-def _run_decoder(obj: Any, case: Case) -> Any:
-    args, kwargs = case.fresh_args()
-    X, token_ids, pad_id, *weights = args
-    plain = obj(X.clone(), token_ids.clone(), pad_id, *weights, **kwargs)
-    if "future" in case.data:
-        changed = X.clone()
-        changed[:, 3:] = case.data["future"]
-        return plain, obj(changed, token_ids.clone(), pad_id, *weights, **kwargs)
-    if "alone" in case.data:
-        row, length = case.data["alone"]
-        alone = obj(X[row:row + 1, :length].clone(), token_ids[row:row + 1, :length].clone(), pad_id, *weights,
-                    **kwargs)
-        return plain, alone
-    return plain
 
 
 def _padded_mask(v: View) -> torch.Tensor:
@@ -436,7 +407,7 @@ EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex05.toml
         Part("masked_softmax", points=2, make_cases=_masked_softmax_cases, verify=_MASKED_SOFTMAX),
         Part("scaled_dot_product_attention", points=2, make_cases=_attention_cases, verify=_verify_attention,
              run=_run_attention),
-        Part("causal_self_attention", points=1, make_cases=_causal_cases, verify=_CAUSAL, run=_run_causal),
-        Part("causal_padded_self_attention", points=2, make_cases=_decoder_cases, verify=_PADDED, run=_run_decoder),
+        Part("causal_self_attention", points=1, make_cases=_causal_cases, verify=_CAUSAL, run=_run_twice),
+        Part("causal_padded_self_attention", points=2, make_cases=_decoder_cases, verify=_PADDED, run=_run_twice),
     ),
 ))

@@ -1,21 +1,16 @@
 """Exercise 06, multi-head attention: the checks behind ``exercises/ex06_multi_head_attention.ipynb``.
 
-The learner builds chapter 06's core with the course's conventions (row vectors, batch-first shapes, boolean
-masks with True = may attend): splitting ``(B, L, d_model)`` into heads ``(B, h, L, d_head)`` and merging them
-back, the multi-head forward pass with a parameter dictionary ``W_q, b_q, ..., W_o, b_o`` (row convention,
-``Q = X W_q + b_q``), reading those parameters out of ``nn.MultiheadAttention``, and reproducing that module's
-outputs with its True = blocked masks.
-
-References are computed in float64 in the checking process with ``nn.MultiheadAttention`` (weights copied in)
-or, for the one case PyTorch answers with NaN (a query with no allowed key), with the library's
-:class:`~attention_course.MultiHeadAttention`. Diagnoses recognise the usual mistakes: the direct reshape that
-scrambles heads and positions, merging without the transpose, the 1/√d_model scale, a missing output
-projection, averaged weights, inverted masks and untransposed ``in_proj_weight`` blocks.
+The learner splits heads and merges them, writes the forward pass from a dict ``W_q, b_q, ..., W_o, b_o`` (row
+convention, True = may attend), reads those out of ``nn.MultiheadAttention`` and reproduces that module (True =
+blocked masks). References: float64 ``nn.MultiheadAttention``, or ``ac.MultiHeadAttention`` where PyTorch gives
+NaN. Recognised: scrambled heads, merging without the transpose, 1/√d_model, no output projection, averaged
+weights, inverted masks, untransposed or reordered ``in_proj_weight`` blocks.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import product
 from typing import Any
 
 import torch
@@ -25,12 +20,11 @@ from attention_course.grading.compare import (
     close_problem,
     f64,
     finite_problem,
-    fmt_shape,
     matches,
     rows_sum_problem,
     tensor_problem,
 )
-from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on
+from attention_course.grading.declare import Check, Out, View, distribution, mistakes_on, second_run
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import (
     Case,
@@ -38,7 +32,6 @@ from attention_course.grading.spec import (
     Mistake,
     Part,
     call_expecting_error,
-    call_function,
     preamble,
     randn,
     with_texts,
@@ -110,38 +103,30 @@ def _merge_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _straight_merge(x: torch.Tensor) -> torch.Tensor | None:
-    B, h, L, d_head = x.shape
-    return x.reshape(B, L, h * d_head) if h > 1 and L > 1 else None
+def _straight_merge(v: View) -> torch.Tensor | None:
+    B, h, L, d_head = v.x[0].shape
+    return v.x[0].reshape(B, L, h * d_head) if h > 1 and L > 1 else None
 
 
 _MERGE = Check(
     reference=lambda v: v.x[0].transpose(1, 2).reshape(v.x[0].shape[0], v.x[0].shape[2], -1),
     outputs=(Out("merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),),
-    mistakes=(Mistake(lambda v: _straight_merge(v.args[0]),
-                      "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing positions of "
-                      "different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape",
+    mistakes=(Mistake(_straight_merge, "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing "
+                      "positions of different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape",
                       on="merged tensor"),),
 )
 
 
 # --- part 3: the multi-head forward pass ---------------------------------------------------------------
-def _params(g: torch.Generator, d_model: int) -> dict[str, torch.Tensor]:
-    params = {}
-    for name in "qkvo":
-        params[f"W_{name}"] = randn(g, d_model, d_model, scale=d_model ** -0.5)
-        params[f"b_{name}"] = randn(g, d_model, scale=0.1)
-    return params
-
-
 def _forward_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, B: int, Lq: int, Lk: int, d: int, h: int, mask: torch.Tensor | None = None,
-             self_attention: bool = False, same_kv: bool = True, scale: float = 1.0,
-             data: dict[str, Any] | None = None) -> Case:
+             self_attention: bool = False, same_kv: bool = True, scale: float = 1.0, gradient: bool = False) -> Case:
         query = randn(g, B, Lq, d, scale=scale)
         key = query.clone() if self_attention else randn(g, B, Lk, d, scale=scale)
         value = key.clone() if same_kv else randn(g, B, Lk, d)
-        return Case(name, (query, key, value, _params(g, d), h), {"mask": mask}, data or {})
+        params = {f"{kind}_{n}": randn(g, d, d, scale=d ** -0.5) if kind == "W" else randn(g, d, scale=0.1)
+                  for n in "qkvo" for kind in "Wb"}  # W_q, b_q, W_k, ...
+        return Case(name, (query, key, value, params, h), {"mask": mask}, {"gradient": True} if gradient else {})
 
     lengths = torch.tensor([6, 3])
     padding = (torch.arange(6) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, Lk)
@@ -157,28 +142,27 @@ def _forward_cases(g: torch.Generator) -> list[Case]:
         case("padding mask (B, 1, 1, Lk): item 1 has 3 real keys of 6", 2, 4, 6, 8, 2, mask=padding),
         case("causal mask (L, L), self-attention", 2, 5, 5, 8, 2, mask=causal, self_attention=True),
         case("a query with no allowed key: zero weights, output = b_o, no NaN (also in the gradient)", 2, 4, 5, 8, 2,
-             mask=no_key, data={"gradient": True}),
+             mask=no_key, gradient=True),
     ]
 
 
 def _run_forward(obj: Any, case: Case) -> Any:
-    """Call the learner's function; for the gradient case also return d(sum of outputs)/d(query)."""
-    if not case.data.get("gradient"):
-        return call_function(obj, case)
+    """Call the learner's function; for the gradient case return (its result, d(sum of outputs)/d(query))."""
     args, kwargs = case.fresh_args()
+    if not case.data.get("gradient"):
+        return obj(*args, **kwargs)
     query = args[0].clone().requires_grad_(True)
     result = obj(query, *args[1:], **kwargs)
     grad = None
-    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor) and \
-            result[0].requires_grad:
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor) \
+            and result[0].requires_grad:
         (grad,) = torch.autograd.grad(result[0].sum(), query, allow_unused=True)
-    return {"result": result, "grad": grad}
+    return result, grad
 
 
 def _torch_module(params: dict[str, torch.Tensor], h: int) -> nn.MultiheadAttention:
     """An nn.MultiheadAttention (float64, batch-first) holding ``params`` (row convention)."""
-    d = params["W_q"].shape[0]
-    module = nn.MultiheadAttention(d, h, batch_first=True, dtype=torch.float64)
+    module = nn.MultiheadAttention(params["W_q"].shape[0], h, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
         module.in_proj_weight.copy_(torch.cat([f64(params[f"W_{n}"]).T for n in "qkv"]))
         module.in_proj_bias.copy_(torch.cat([f64(params[f"b_{n}"]) for n in "qkv"]))
@@ -187,40 +171,34 @@ def _torch_module(params: dict[str, torch.Tensor], h: int) -> nn.MultiheadAttent
     return module.eval()
 
 
-def _reference_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: dict[str, torch.Tensor],
-                       h: int, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(output, weights (B, h, Lq, Lk), name of the reference) in float64."""
-    module = _torch_module(params, h)
-    B, Lq, Lk = query.shape[0], query.shape[1], key.shape[1]
-    if mask is not None and not bool(mask.expand(B, h, Lq, Lk).any(dim=-1).all()):
-        # PyTorch gives NaN for a query with no allowed key; the library gives zero weights (course convention).
-        library = MultiHeadAttention.from_torch(module).eval()
-        with torch.no_grad():
-            out, weights = library(f64(query), f64(key), f64(value), mask=mask)
-        return out, weights, "ac.MultiHeadAttention"
-    attn_mask = None if mask is None else ~mask.expand(B, h, Lq, Lk).reshape(B * h, Lq, Lk)  # True = blocked
-    with torch.no_grad():
-        out, weights = module(f64(query), f64(key), f64(value), attn_mask=attn_mask, need_weights=True,
-                              average_attn_weights=False)
-    return out, weights, "nn.MultiheadAttention"
-
-
 def _library_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, module: nn.MultiheadAttention,
-                     mask: torch.Tensor | None) -> torch.Tensor:
-    """The library's output for ``module``'s weights with a course mask (True = may attend), float64."""
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The library's (output, weights) for ``module``'s weights with a course mask (True = may attend), float64."""
     library = MultiHeadAttention.from_torch(module.to(torch.float64)).eval()
     with torch.no_grad():
-        out, _ = library(f64(query), f64(key), f64(value), mask=mask)
-    return out
+        return library(f64(query), f64(key), f64(value), mask=mask)
+
+
+def _forward_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, weights (B, h, Lq, Lk)) in float64, naming the reference in ``v.label``."""
+    query, key, value, params, h = v.args
+    mask, module = v.kwargs["mask"], _torch_module(params, h)
+    allowed = None if mask is None else mask.expand(query.shape[0], h, query.shape[1], key.shape[1])
+    if allowed is not None and not bool(allowed.any(dim=-1).all()):
+        # PyTorch gives NaN for a query with no allowed key; the library gives zero weights (course convention).
+        v.label = "ac.MultiHeadAttention"
+        return _library_forward(query, key, value, module, mask)
+    v.label = "nn.MultiheadAttention"
+    attn_mask = None if mask is None else ~allowed.flatten(0, 1)  # (B * h, Lq, Lk), True = blocked
+    with torch.no_grad():
+        return module(f64(query), f64(key), f64(value), attn_mask=attn_mask, average_attn_weights=False)
 
 
 def _manual_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, params: dict[str, torch.Tensor],
                     h: int, scale: float, project_output: bool = True) -> torch.Tensor:
     """Unmasked multi-head attention with a chosen scale, for recognising wrong answers."""
     p = {name: f64(t) for name, t in params.items()}
-    q = _expected_split(f64(query) @ p["W_q"] + p["b_q"], h)
-    k = _expected_split(f64(key) @ p["W_k"] + p["b_k"], h)
-    v = _expected_split(f64(value) @ p["W_v"] + p["b_v"], h)
+    q, k, v = (_expected_split(f64(x) @ p[f"W_{n}"] + p[f"b_{n}"], h) for x, n in zip((query, key, value), "qkv"))
     weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)
     B, _, Lq, d_head = q.shape
     merged = (weights @ v).transpose(1, 2).reshape(B, Lq, h * d_head)
@@ -238,22 +216,9 @@ _FORWARD_MISTAKES = (
                                                         project_output=False) if mask is None else None,
             "your output is the concatenated heads; finish with the output projection: @ W_o + b_o"),
     Mistake(lambda q, k, v, p, h, mask: None if mask is None or bool(mask.all()) else
-            _library_forward(q, k, v, _torch_module(p, h), ~mask),
+            _library_forward(q, k, v, _torch_module(p, h), ~mask)[0],
             "you blocked the keys where the mask is True; in this course True means \"may attend\""),
 )
-
-
-def _forward_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
-    out, weights, v.label = _reference_forward(*v.args, v.kwargs["mask"])
-    return out, weights
-
-
-def _unpack_gradient(v: View) -> str | None:
-    if v.data.get("gradient"):
-        if not isinstance(v.output, dict) or "result" not in v.output:
-            return "your output could not be read"
-        v.output, v.extra = v.output["result"], v.output.get("grad")
-    return None
 
 
 def _no_key(v: View) -> torch.Tensor | None:
@@ -262,12 +227,13 @@ def _no_key(v: View) -> torch.Tensor | None:
     return None if mask is None else ~mask.expand(v.want.weights.shape).any(dim=-1)
 
 
-def _averaged_heads(v: View) -> str | None:
+def _averaged_heads(v: View, h: int, advice: str) -> str | None:
+    """Weights (B, Lq, Lk) averaged over the heads; ``advice`` ends the message, given the shape wanted."""
     weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
-    B, Lq, Lk, h = v.args[0].shape[0], v.args[0].shape[1], v.args[1].shape[1], v.args[4]
+    B, Lq, Lk = v.args[0].shape[0], v.args[0].shape[1], v.args[1].shape[1]
     if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and h > 1:
-        return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head, "
-                f"shape {fmt_shape(v.want.weights.shape)}, not their average")
+        return (f"your weights have shape {tuple(weights.shape)}: return one map per head"
+                + advice.format(tuple(v.want.weights.shape)))
     return None
 
 
@@ -289,10 +255,9 @@ def _empty_rows(v: View) -> str | None:
 def _gradient(v: View) -> str | None:
     if not v.data.get("gradient"):
         return None
-    grad = v.extra
-    if not isinstance(grad, torch.Tensor) or tuple(grad.shape) != tuple(v.args[0].shape):
+    if not isinstance(v.extra, torch.Tensor) or tuple(v.extra.shape) != tuple(v.args[0].shape):
         return "could not compute the gradient of your output with respect to the query"
-    if not bool(torch.isfinite(grad).all()):
+    if not bool(torch.isfinite(v.extra).all()):
         return Finding("the gradient of your output with respect to the query contains NaN for the query with no "
                        "allowed key: -inf scores make softmax compute 0/0 in the backward pass too; fill blocked "
                        "scores with a large negative finite number such as torch.finfo(scores.dtype).min",
@@ -303,11 +268,12 @@ def _gradient(v: View) -> str | None:
 _FORWARD = Check(
     reference=_forward_reference,
     # The output passes through four float32 projections of width d_model: 1e-4 absorbs their rounding.
+    # Finiteness is a property here, so that a NaN in a row with no allowed key gets _empty_rows' message first.
     outputs=(Out("output", lambda v: v.label, atol=1e-4, finite=False),
              Out("weights", lambda v: f"the per-head weights of {v.label}", finite=False)),
     compare=("weights",),
-    unpack=_unpack_gradient,
-    before=(_averaged_heads,),
+    unpack=second_run("gradient"),
+    before=(lambda v: _averaged_heads(v, v.args[4], ", shape {}, not their average"),),
     properties=(_empty_rows, lambda v: finite_problem(v.got.weights, "your weights"),
                 lambda v: finite_problem(v.got.output, "your output"), distribution("weights", skip=_no_key),
                 _gradient),
@@ -319,11 +285,10 @@ _FORWARD = Check(
 def _module_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, d: int, h: int, bias: bool = True) -> Case:
         module = nn.MultiheadAttention(d, h, bias=bias, batch_first=True, device="meta")  # shapes only, no RNG
-        names = list(module.state_dict())
-        state = [randn(g, *module.state_dict()[key].shape, scale=0.3) for key in names]
+        state = {key: randn(g, *value.shape, scale=0.3) for key, value in module.state_dict().items()}
         # The weights travel as the case's arguments; run() loads them into a module for the learner.
-        return Case(name, tuple(state), data={"d_model": d, "num_heads": h, "bias": bias, "names": names,
-                                              "x": randn(g, 2, 4, d)})
+        return Case(name, tuple(state.values()), data={"d_model": d, "num_heads": h, "bias": bias,
+                                                       "names": list(state), "x": randn(g, 2, 4, d)})
 
     return [
         case("d_model = 8, 2 heads", 8, 2),
@@ -333,34 +298,20 @@ def _module_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _state(case: Case) -> dict[str, torch.Tensor]:
-    """The module's state dict: in case.data for part 5, in the case's arguments for part 4."""
-    if "state" in case.data:
-        return case.data["state"]
-    return dict(zip(case.data["names"], case.args))
-
-
 def _build_module(case: Case) -> nn.MultiheadAttention:
+    """The case's module: its state dict is in case.data for part 5, in the case's arguments for part 4."""
     data = case.data
     module = nn.MultiheadAttention(data["d_model"], data["num_heads"], bias=data["bias"], batch_first=True)
-    module.load_state_dict(_state(case))
+    module.load_state_dict(data["state"] if "state" in data else dict(zip(data["names"], case.args)))
     return module.eval()
 
 
-def _run_params(obj: Any, case: Case) -> Any:
-    return obj(_build_module(case))
-
-
 def _expected_params(case: Case) -> dict[str, torch.Tensor]:
-    state, d = _state(case), case.data["d_model"]
-    w_q, w_k, w_v = state["in_proj_weight"].chunk(3, dim=0)  # each (d, d) in (out, in) layout
-    params = {"W_q": w_q.T, "W_k": w_k.T, "W_v": w_v.T, "W_o": state["out_proj.weight"].T}
-    if case.data["bias"]:
-        b_q, b_k, b_v = state["in_proj_bias"].chunk(3)
-        params.update({"b_q": b_q, "b_k": b_k, "b_v": b_v, "b_o": state["out_proj.bias"]})
-    else:
-        params.update({f"b_{n}": torch.zeros(d) for n in "qkvo"})
-    return params
+    state = dict(zip(case.data["names"], case.args))
+    weights = (*state["in_proj_weight"].chunk(3, dim=0), state["out_proj.weight"])  # each (d, d) in (out, in) layout
+    zeros = torch.zeros(case.data["d_model"])
+    biases = (*state["in_proj_bias"].chunk(3), state["out_proj.bias"]) if case.data["bias"] else (zeros,) * 4
+    return {**{f"W_{n}": w.T for n, w in zip("qkvo", weights)}, **{f"b_{n}": b for n, b in zip("qkvo", biases)}}
 
 
 def _verify_params(case: Case, output: Any) -> str | None:
@@ -374,9 +325,8 @@ def _verify_params(case: Case, output: Any) -> str | None:
         actual, want = output[name], expected[name]
         problem = tensor_problem(actual, f"your {name}", want.shape)
         if problem:
-            if name.startswith("b_") and not case.data["bias"]:
-                problem += " (the module has no biases: return torch.zeros(d_model))"
-            return problem
+            no_bias = name.startswith("b_") and not case.data["bias"]
+            return problem + " (the module has no biases: return torch.zeros(d_model))" if no_bias else problem
         if matches(actual, want):
             continue
         if name.startswith("W_") and matches(actual, want.T):
@@ -388,12 +338,10 @@ def _verify_params(case: Case, output: Any) -> str | None:
                         "order q, k, v (rows 0..d-1, d..2d-1, 2d..3d-1)")
         return close_problem(actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")
     # Everything matches: confirm the parameters reproduce the module itself.
-    module = _build_module(case)
-    x = case.data["x"]
+    x, h = case.data["x"], case.data["num_heads"]
     with torch.no_grad():
-        reference, _ = module(x, x, x, need_weights=False)
-    mine = _manual_forward(x, x, x, output, case.data["num_heads"], 1 / math.sqrt(
-        case.data["d_model"] // case.data["num_heads"]))
+        reference, _ = _build_module(case)(x, x, x, need_weights=False)
+    mine = _manual_forward(x, x, x, output, h, 1 / math.sqrt(case.data["d_model"] // h))
     return close_problem(mine, reference, "multi-head attention with your parameters", "module(x, x, x)")
 
 
@@ -429,35 +377,23 @@ def _torch_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
     module = _build_module(v.case).to(torch.float64)
     with torch.no_grad():
         return module(*v.x, key_padding_mask=v.kwargs["key_padding_mask"], attn_mask=v.kwargs["attn_mask"],
-                      need_weights=True, average_attn_weights=False)
+                      average_attn_weights=False)
 
 
 def _inverted(v: View) -> str | None:
     """Which of PyTorch's masks (True = blocked) the learner used as a course mask (True = may attend)."""
-    key_padding, attn_mask = v.kwargs["key_padding_mask"], v.kwargs["attn_mask"]
-    for flip_kp in ([False, True] if key_padding is not None else [False]):
-        for flip_am in ([False, True] if attn_mask is not None else [False]):
-            if not (flip_kp or flip_am):
-                continue
-            allowed = None
-            if key_padding is not None:
-                allowed = (key_padding if flip_kp else ~key_padding)[:, None, None, :]
-            if attn_mask is not None:
-                am = attn_mask if flip_am else ~attn_mask
-                allowed = am if allowed is None else allowed & am
-            if matches(v.got.output, _library_forward(*v.args, _build_module(v.case), allowed)):
-                names = " and ".join(n for n, f in (("key_padding_mask", flip_kp), ("attn_mask", flip_am)) if f)
-                return Finding(f"you used {names} without inverting it: nn.MultiheadAttention's masks mean True = "
-                               "blocked, the course's True = may attend; convert with ~mask", FailureKind.KNOWN_MISTAKE)
-    return None
-
-
-def _torch_averaged(v: View) -> str | None:
-    weights = v.output[1] if isinstance(v.output, (tuple, list)) and len(v.output) == 2 else None
-    B, Lq, Lk = v.args[0].shape[0], v.args[0].shape[1], v.args[1].shape[1]
-    if isinstance(weights, torch.Tensor) and tuple(weights.shape) == (B, Lq, Lk) and v.data["num_heads"] > 1:
-        return (f"your weights have shape {fmt_shape(weights.shape)}: return one map per head "
-                f"{fmt_shape(v.want.weights.shape)} (PyTorch's average_attn_weights=False)")
+    names = [name for name in ("key_padding_mask", "attn_mask") if v.kwargs[name] is not None]
+    for flips in product((False, True), repeat=len(names)):
+        if not any(flips):
+            continue
+        allowed = torch.ones((), dtype=torch.bool)
+        for name, flip in zip(names, flips):
+            blocked = v.kwargs[name][:, None, None, :] if name == "key_padding_mask" else v.kwargs[name]
+            allowed = allowed & (blocked if flip else ~blocked)
+        if matches(v.got.output, _library_forward(*v.args, _build_module(v.case), allowed)[0]):
+            flipped = " and ".join(name for name, flip in zip(names, flips) if flip)
+            return Finding(f"you used {flipped} without inverting it: nn.MultiheadAttention's masks mean True = "
+                           "blocked, the course's True = may attend; convert with ~mask", FailureKind.KNOWN_MISTAKE)
     return None
 
 
@@ -466,7 +402,7 @@ _TORCH = Check(
     outputs=(Out("output", "module(query, key, value, masks)"),
              Out("weights", "module(..., average_attn_weights=False)")),
     compare=("weights",),
-    before=(_torch_averaged,),
+    before=(lambda v: _averaged_heads(v, v.data["num_heads"], " {} (PyTorch's average_attn_weights=False)"),),
     properties=(_inverted, lambda v: rows_sum_problem(v.got.weights)),
 )
 
@@ -477,7 +413,8 @@ EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex06.toml
         Part("split_heads", points=1, make_cases=_split_cases, verify=_SPLIT, run=call_expecting_error),
         Part("merge_heads", points=1, make_cases=_merge_cases, verify=_MERGE),
         Part("multi_head_attention", points=3, make_cases=_forward_cases, verify=_FORWARD, run=_run_forward),
-        Part("params_from_torch", points=2, make_cases=_module_cases, verify=_verify_params, run=_run_params),
+        Part("params_from_torch", points=2, make_cases=_module_cases, verify=_verify_params,
+             run=lambda obj, case: obj(_build_module(case))),
         Part("attention_like_torch", points=2, make_cases=_torch_cases, verify=_TORCH, run=_run_torch),
     ),
 ))

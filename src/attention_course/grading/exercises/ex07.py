@@ -1,16 +1,10 @@
 """Exercise 07, positional encoding: the checks behind ``exercises/ex07_positional_encoding.ipynb``.
 
-The learner builds chapter 07's core: the sinusoidal encoding of any positions (pair indices counted from
-0, interleaved sine and cosine columns), the dot-product profile ⟨PE(p), PE(p+k)⟩ = Σ_i cos(ω_i k), the shift
-by k positions as a rotation of every sine/cosine pair (PE(p+k) = R_k PE(p)), and token embeddings scaled by
-√d_model plus positions, followed by dropout.
-
-References come from the library (:func:`~attention_course.sinusoidal_positional_encoding`, computed in
-float64) and from closed forms; properties (PE(0) is (0, 1, 0, 1, ...), a rotation keeps lengths and maps
-every PE(p) to PE(p+k), dropout zeroes about a fraction p and rescales the rest by 1/(1-p)) give the specific
-messages, and diagnoses recognise the usual slips: pairs counted from 1, sine and
-cosine swapped, sines and cosines concatenated instead of interleaved, rotations the wrong way, the missing
-√d_model, and dropout that is not inverted or not switched off in evaluation.
+The learner writes the sinusoidal encoding (pairs from 0, sine and cosine interleaved), the profile
+⟨PE(p), PE(p+k)⟩ = Σ_i cos(ω_i k), the shift by k as a rotation of every pair, and embeddings · √d_model plus
+positions, then dropout. References: the library's table (float64) and closed forms. Recognised: pairs from 1,
+sine and cosine swapped or concatenated, a column-index exponent, a backward rotation, a missing or misplaced
+√d_model, missing positions, and dropout that is not inverted or not off in evaluation.
 """
 
 from __future__ import annotations
@@ -25,7 +19,6 @@ from attention_course.grading.compare import (
     close_problem,
     f64,
     finite_problem,
-    first_problem,
     fmt,
     matches,
     tensor_problem,
@@ -46,9 +39,7 @@ from attention_course.positional import sinusoidal_positional_encoding
 
 PREAMBLE = preamble()
 
-
-# This exercise's tolerance for "the same tensor" (shape-strict, compared in float64).
-_matches = functools.partial(matches, atol=1e-4, rtol=1e-4)
+_matches = functools.partial(matches, atol=1e-4, rtol=1e-4)  # this exercise's "the same tensor"
 
 
 def _omega(d_model: int, first_pair: int = 0) -> torch.Tensor:
@@ -191,16 +182,14 @@ def _rotation(k: int, d: int) -> torch.Tensor:
 
 
 def _rotation_cases(g: torch.Generator) -> list[Case]:
-    def rows(positions: list[int], d: int) -> torch.Tensor:
-        return sinusoidal_positional_encoding(max(positions) + 1, d)[positions]
+    def shift(name: str, positions: list[int], d: int, k: int) -> Case:
+        rows = sinusoidal_positional_encoding(max(positions) + 1, d)[positions]
+        return Case(name, (rows, k), data={"positions": positions})
 
     return [
-        Case("PE rows of positions 0..5, k = 1, d_model = 8: must give the rows of 1..6",
-             (rows(list(range(6)), 8), 1), data={"positions": list(range(6))}),
-        Case("PE rows of positions 10, 3, 40, k = 7, d_model = 16", (rows([10, 3, 40], 16), 7),
-             data={"positions": [10, 3, 40]}),
-        Case("PE rows of positions 5..9, k = -5: back to positions 0..4", (rows(list(range(5, 10)), 12), -5),
-             data={"positions": list(range(5, 10))}),
+        shift("PE rows of positions 0..5, k = 1, d_model = 8: must give the rows of 1..6", list(range(6)), 8, 1),
+        shift("PE rows of positions 10, 3, 40, k = 7, d_model = 16", [10, 3, 40], 16, 7),
+        shift("PE rows of positions 5..9, k = -5: back to positions 0..4", list(range(5, 10)), 12, -5),
         Case("random vectors (4, 8), k = 3: lengths are preserved", (torch.randn(4, 8, generator=g), 3)),
         Case("a batch of random vectors (2, 3, 6), k = 100", (torch.randn(2, 3, 6, generator=g), 100)),
         Case("k = 0 changes nothing", (torch.randn(3, 4, generator=g), 0)),
@@ -262,13 +251,11 @@ def _embed_cases(g: torch.Generator) -> list[Case]:
 def _verify_embed(case: Case, output: Any) -> str | None:
     tokens, weight, pe = case.args
     p, training = case.kwargs["dropout_p"], case.kwargs["training"]
-    B, L = tokens.shape
-    d = weight.shape[1]
+    L, d = tokens.shape[1], weight.shape[1]
     if case.data.get("error"):
         return value_error_problem(output, (L, pe.shape[0]),
                                    f"the sequences have {L} tokens but the table has only {pe.shape[0]} positions")
-    embedded = f64(weight)[tokens]  # (B, L, d)
-    positions = f64(pe[:L])  # (L, d)
+    embedded, positions = f64(weight)[tokens], f64(pe[:L])
     expected = embedded * math.sqrt(d) + positions  # before dropout
     mistakes = (  # what the learner computed before dropout instead
         Mistake(lambda: embedded + positions,
@@ -284,12 +271,9 @@ def _verify_embed(case: Case, output: Any) -> str | None:
         return diagnose(mistakes, values,
                         matches=lambda v, wrong: _matches(v, wrong if select is None else wrong[select]))
 
-    base = first_problem(
-        lambda: tensor_problem(output, "your output", expected.shape),
-        lambda: finite_problem(output, "your output"),
-    )
-    if base:
-        return base
+    problem = tensor_problem(output, "your output", expected.shape) or finite_problem(output, "your output")
+    if problem:
+        return problem
     out = f64(output)
     if not training or p == 0.0:
         zeros = float((out == 0).double().mean())

@@ -1,51 +1,26 @@
 """Exercise 08, LayerNorm, dropout and residual connections: the checks behind
 ``exercises/ex08_layernorm_dropout_residuals.ipynb``.
 
-The learner writes chapter 08's core: layer normalisation as a function (biased variance, eps inside the
-square root, gain and bias), inverted dropout with PyTorch's drop probability, a residual sub-layer in both
-norm orders, and an ``AddAndNorm`` module that owns a learnable LayerNorm and applies dropout to the
-sub-layer's output.
-
-References are PyTorch's own (``F.layer_norm``) or written here in float64; typical mistakes (unbiased
-variance, eps outside the root, the two norm orders swapped, dropout in the wrong place) get their own
-messages.
+The learner writes layer normalisation, inverted dropout, a residual sub-layer in both norm orders and an
+``AddAndNorm`` module. References: ``F.layer_norm`` or float64 code here; recognised mistakes: unbiased variance,
+eps outside the root, the norm orders swapped, dropout in the wrong place.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from attention_course.grading.compare import (
-    close_f64,
-    close_problem,
-    f64,
-    finite_problem,
-    first_problem,
-    fmt,
-    tensor_problem,
-)
+from attention_course.grading.compare import close_f64, close_problem, f64, finite_problem, fmt, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on
-from attention_course.grading.spec import (
-    Case,
-    Exercise,
-    Mistake,
-    Part,
-    call_function,
-    preamble,
-    randn,
-    with_texts,
-)
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble(nn=True)
-
-
-def _reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    return F.layer_norm(f64(x), (x.shape[-1],), f64(weight), f64(bias), eps)
 
 
 # Sub-layers and norms handed to the learner's code: module-level functions (picklable), bound with partial.
@@ -54,19 +29,19 @@ def _tanh_linear(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> t
     return torch.tanh(torch.matmul(x, weight.to(x.dtype)) + bias.to(x.dtype))
 
 
-def _zeros_like(x: torch.Tensor) -> torch.Tensor:
-    """A sub-layer that returns zeros: a residual block that does nothing."""
-    return torch.zeros_like(x)
-
-
-def _ones_like(x: torch.Tensor) -> torch.Tensor:
-    """A sub-layer that returns ones: dropout on its output is easy to see."""
-    return torch.ones_like(x)
-
-
 def _affine_norm(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """A LayerNorm with the given gain and bias, (..., d) -> (..., d)."""
     return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), 1e-5)
+
+
+def _block(x: torch.Tensor, f: Callable, norm: Callable, norm_first: bool) -> torch.Tensor:
+    """A residual sub-layer: pre-norm x + f(norm(x)), or post-norm norm(x + f(x))."""
+    return x + f(norm(x)) if norm_first else norm(x + f(x))
+
+
+def _drop_tolerance(p: float, n: int) -> float:
+    """Six standard deviations of the fraction dropped among n entries: a right dropout never misses by more."""
+    return 6.0 * math.sqrt(p * (1.0 - p) / n)
 
 
 # --- part 1: layer_norm -------------------------------------------------------------------------------
@@ -94,10 +69,6 @@ def _centred(x: torch.Tensor) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True)
 
 
-def _finite_close(output: Any, wrong: torch.Tensor) -> bool:
-    return bool(torch.isfinite(wrong).all()) and close_f64(output, wrong)
-
-
 _LAYER_NORM_MISTAKES = (  # (x, weight, bias, eps), float64 -> a wrong LayerNorm
     Mistake(lambda x, w, b, eps: _centred(x) / torch.sqrt(x.var(-1, keepdim=True, correction=1) + eps) * w + b,
             "your output matches the *unbiased* variance (dividing by H - 1); LayerNorm divides by H "
@@ -111,12 +82,11 @@ _LAYER_NORM_MISTAKES = (  # (x, weight, bias, eps), float64 -> a wrong LayerNorm
             "your output is normalised but ignores the gain and bias: return weight * x_hat + bias"),
 )
 
-
 _LAYER_NORM = Check(
-    reference=lambda v: _reference_layer_norm(*v.args, v.kwargs["eps"]),
+    reference=lambda v: F.layer_norm(v.x[0], (v.x[0].shape[-1],), v.x[1], v.x[2], v.kwargs["eps"]),
     outputs=(Out("output", "F.layer_norm (nn.LayerNorm)", atol=1e-4, rtol=1e-3, dtype=lambda v: v.args[0].dtype),),
     mistakes=mistakes_on(_LAYER_NORM_MISTAKES, lambda v: (*v.x, v.kwargs["eps"])),
-    matches=_finite_close,
+    matches=close_f64,  # never matches a NaN or infinite variant: the output is known to be finite by then
 )
 
 
@@ -137,49 +107,43 @@ def _dropout_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
+def _called_twice(case: Case) -> bool:
+    """Whether dropout is random on this case, so that two calls must draw different masks."""
+    return case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0
+
+
 def _run_dropout(obj: Any, case: Case) -> Any:
-    if case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0:
-        return call_function(obj, case), call_function(obj, case)  # two calls: the masks must differ
-    return call_function(obj, case)
+    return (call_function(obj, case), call_function(obj, case)) if _called_twice(case) else call_function(obj, case)
 
 
 def _verify_dropout(case: Case, output: Any) -> str | None:
-    x = case.args[0]
-    p, training = case.kwargs["p"], case.kwargs["training"]
-    two_calls = training and 0.0 < p < 1.0
-    if two_calls:
-        if not isinstance(output, tuple) or len(output) != 2:
-            return f"expected your function to return a tensor, got {type(output).__name__}"
-        first, second = output
-    else:
-        first, second = output, None
-    problem = first_problem(
-        lambda: tensor_problem(first, "your output", x.shape),
-        lambda: None if first.dtype == x.dtype else f"expected dtype {x.dtype} (the input's), got {first.dtype}",
-        lambda: finite_problem(first, "your output", by_rows=False),
-    )
-    if problem:
+    x, p, training = case.args[0], case.kwargs["p"], case.kwargs["training"]
+    if _called_twice(case) and (not isinstance(output, tuple) or len(output) != 2):
+        return f"expected your function to return a tensor, got {type(output).__name__}"
+    first, second = output if _called_twice(case) else (output, None)
+    if problem := tensor_problem(first, "your output", x.shape):
         return problem
-    out = f64(first)
+    if first.dtype != x.dtype:
+        return f"expected dtype {x.dtype} (the input's), got {first.dtype}"
+    if problem := finite_problem(first, "your output", by_rows=False):
+        return problem
+    out, x = f64(first), f64(x)
     if not training or p == 0.0:
-        what = "in evaluation mode" if not training else "with p = 0"
-        if not torch.equal(out, f64(x)):
-            return (f"{what} dropout must return its input unchanged (no zeros, no rescaling); yours differs "
-                    f"by up to {fmt(float((out - f64(x)).abs().max()))}")
-        return None
+        if torch.equal(out, x):
+            return None
+        return (f"{'in evaluation mode' if not training else 'with p = 0'} dropout must return its input unchanged "
+                f"(no zeros, no rescaling); yours differs by up to {fmt(float((out - x).abs().max()))}")
     if p == 1.0:
         return None if bool((out == 0).all()) else "with p = 1 every entry must be zero (and not NaN)"
     kept = out != 0
     matrix = kept.reshape(-1, x.shape[-1])
     if bool((~matrix).all(dim=1).any()) or bool((~matrix).all(dim=0).any()):
         return "whole rows or columns of your output are zero: draw an independent keep/drop for every element"
-    dropped = 1.0 - float(kept.double().mean())
-    tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
+    dropped, tolerance = 1.0 - float(kept.double().mean()), _drop_tolerance(p, x.numel())
     if abs(dropped - p) > tolerance:
         hint = " (p is the probability of *dropping*, not of keeping)" if abs(dropped - (1 - p)) <= tolerance else ""
         return f"about {fmt(100 * p)}% of the entries should be zero, but {fmt(100 * dropped)}% are{hint}"
-    ratio = out[kept] / f64(x)[kept]
-    scale = 1.0 / (1.0 - p)
+    ratio, scale = out[kept] / x[kept], 1.0 / (1.0 - p)
     if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-5):
         return (f"every surviving entry must be multiplied by 1/(1 - p) = {fmt(scale)}, so that the expected value "
                 f"stays the same; yours are multiplied by {fmt(float(ratio.mean()))} on average")
@@ -193,7 +157,7 @@ def _residual_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, shape: tuple[int, ...], norm_first: bool, zero: bool = False, scale: float = 1.0) -> Case:
         d = shape[-1]
         x = randn(g, *shape, scale=scale)
-        sublayer = (_zeros_like if zero else
+        sublayer = (torch.zeros_like if zero else  # a residual block that does nothing
                     functools.partial(_tanh_linear, randn(g, d, d, scale=d**-0.5), randn(g, d, scale=0.1)))
         norm = functools.partial(_affine_norm, 1.0 + randn(g, d, scale=0.3), randn(g, d, scale=0.3))
         return Case(name, (x, sublayer, norm), {"norm_first": norm_first})
@@ -209,7 +173,7 @@ def _residual_cases(g: torch.Generator) -> list[Case]:
 
 
 _RESIDUAL_MISTAKES = (  # (x, f, norm, norm_first), float64 -> a wrong residual block
-    Mistake(lambda x, f, n, norm_first: n(x + f(x)) if norm_first else x + f(n(x)),
+    Mistake(lambda x, f, n, norm_first: _block(x, f, n, not norm_first),
             lambda x, f, n, norm_first: f"your output is the {'post' if norm_first else 'pre'}-norm result; with "
             f"norm_first={norm_first} it should be the "
             f"{'pre-norm x + f(norm(x))' if norm_first else 'post-norm norm(x + f(x))'}"),
@@ -229,13 +193,8 @@ def _residual_inputs(v: View) -> tuple:
     return v.x[0], lambda t: f64(sublayer(t)), lambda t: f64(norm(t)), v.kwargs["norm_first"]
 
 
-def _residual_reference(v: View) -> torch.Tensor:
-    x, f, n, norm_first = _residual_inputs(v)
-    return x + f(n(x)) if norm_first else n(x + f(x))
-
-
 _RESIDUAL = Check(
-    reference=_residual_reference,
+    reference=lambda v: _block(*_residual_inputs(v)),
     outputs=(Out("output", lambda v: "x + f(norm(x))" if v.kwargs["norm_first"] else "norm(x + f(x))", atol=1e-4,
                  rtol=1e-3),),
     mistakes=mistakes_on(_RESIDUAL_MISTAKES, _residual_inputs),
@@ -247,7 +206,7 @@ _RESIDUAL = Check(
 def _add_and_norm_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, shape: tuple[int, ...], norm_first: bool, dropout: float = 0.1, mode: str = "eval") -> Case:
         d = shape[-1]
-        sublayer = (_ones_like if mode == "train" else
+        sublayer = (torch.ones_like if mode == "train" else  # dropout on a sub-layer of ones is easy to see
                     functools.partial(_tanh_linear, randn(g, d, d, scale=d**-0.5), randn(g, d, scale=0.1)))
         data = {"d_model": d, "dropout": dropout, "norm_first": norm_first, "mode": mode,
                 "weight": 1.0 + randn(g, d, scale=0.3), "bias": randn(g, d, scale=0.3)}
@@ -272,91 +231,83 @@ def _run_add_and_norm(obj: Any, case: Case) -> Any:
     norm = getattr(module, "norm", None)
     if not all(isinstance(getattr(norm, name, None), torch.Tensor) for name in ("weight", "bias")):
         return {"parameters": parameters, "missing_norm": True}
-    initial = (norm.weight.detach().clone(), norm.bias.detach().clone())
+    result = {"parameters": parameters, "initial": (norm.weight.detach().clone(), norm.bias.detach().clone())}
     with torch.no_grad():
         norm.weight.copy_(data["weight"])
         norm.bias.copy_(data["bias"])
-    if data["mode"] == "eval":
-        module.eval()
-        with torch.no_grad():
-            return {"parameters": parameters, "initial": initial, "output": module(x, sublayer)}
-    module.train()
-    with torch.no_grad():
-        return {"parameters": parameters, "initial": initial, "output": module(x, sublayer),
-                "again": module(x, sublayer)}
+        module.train(data["mode"] != "eval")
+        result["output"] = module(x, sublayer)
+        if data["mode"] != "eval":
+            result["again"] = module(x, sublayer)
+    return result
+
+
+def _add_and_norm_parameters(output: dict[str, Any], d: int) -> str | None:
+    shapes = output["parameters"]
+    if sorted(map(tuple, shapes.values())) != [(d,), (d,)]:
+        return (f"AddAndNorm(d_model={d}) should own exactly two learnable parameters of shape ({d},), the "
+                f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
+                "__init__?)")
+    weight, bias = output["initial"]
+    if not (torch.equal(f64(weight), torch.ones(d, dtype=torch.float64))
+            and torch.equal(f64(bias), torch.zeros(d, dtype=torch.float64))):
+        return "a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)"
+    return None
+
+
+def _add_and_norm_eval(case: Case, out: torch.Tensor) -> str | None:
+    """Dropout is off: the output must be the block in the asked norm order."""
+    x, f, norm_first = f64(case.args[0]), lambda t: f64(case.args[1](t)), case.data["norm_first"]
+    norm = functools.partial(_affine_norm, case.data["weight"].double(), case.data["bias"].double())
+    expected, other = _block(x, f, norm, norm_first), _block(x, f, norm, not norm_first)
+    if close_f64(out, expected):
+        return None
+    if close_f64(out, other):
+        return f"your module computes the {'post' if norm_first else 'pre'}-norm order, but norm_first={norm_first}"
+    return close_problem(out, expected, "your output (evaluation mode: dropout off)",
+                         "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))", atol=1e-4, rtol=1e-3)
+
+
+def _add_and_norm_train(case: Case, out: torch.Tensor) -> str | None:
+    """Pre-norm with a sub-layer of ones: out - x is Dropout(ones), zero where dropped and 1/(1 - p) elsewhere."""
+    out, x, p = f64(out), case.args[0], case.data["dropout"]
+    change = out - f64(x)
+    kept = change.abs() > 1e-6
+    dropped, tolerance = 1.0 - float(kept.double().mean()), _drop_tolerance(p, x.numel())
+    if abs(float((out == 0).double().mean()) - p) <= tolerance:
+        return ("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
+                "before the residual add, so that x always passes through")
+    if abs(dropped) < tolerance:
+        return "in training mode your module applies no dropout to the sub-layer's output"
+    if abs(dropped - p) > tolerance:
+        return (f"with a sub-layer that returns ones, about {fmt(100 * p)}% of out - x should be 0 (dropped), "
+                f"but {fmt(100 * dropped)}% are; apply dropout to the sub-layer's output only")
+    scale = 1.0 / (1.0 - p)
+    if not torch.allclose(change[kept], torch.full_like(change[kept], scale), rtol=1e-4, atol=1e-5):
+        return (f"the sub-layer's surviving outputs (ones) should arrive as 1/(1 - p) = {fmt(scale)} in "
+                "out - x; apply dropout to the sub-layer's output, before the residual add")
+    return None
 
 
 def _verify_add_and_norm(case: Case, output: Any) -> str | None:
-    data = case.data
-    x, sublayer = case.args
-    d = data["d_model"]
+    d, mode = case.data["d_model"], case.data["mode"]
     if isinstance(output, dict) and output.get("missing_norm"):
         return ("AddAndNorm needs its LayerNorm as self.norm, with learnable weight and bias parameters of shape "
                 f"({d},), e.g. nn.LayerNorm(d_model)")
     if not isinstance(output, dict) or "output" not in output:
         return f"expected your module to return a tensor, got {type(output).__name__}"
     out = output["output"]
-
-    def parameters() -> str | None:
-        shapes = output["parameters"]
-        if sorted(map(tuple, shapes.values())) != [(d,), (d,)]:
-            return (f"AddAndNorm(d_model={d}) should own exactly two learnable parameters of shape ({d},), the "
-                    f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
-                    "__init__?)")
-        weight, bias = output["initial"]
-        if not (torch.equal(f64(weight), torch.ones(d, dtype=torch.float64))
-                and torch.equal(f64(bias), torch.zeros(d, dtype=torch.float64))):
-            return "a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)"
-        return None
-
-    weight, bias = data["weight"], data["bias"]
-    norm = functools.partial(_affine_norm, weight.double(), bias.double())
-    x64 = f64(x)
-
-    def values() -> str | None:
-        if data["mode"] == "eval":
-            pre = x64 + f64(sublayer(norm(x64)))
-            post = norm(x64 + f64(sublayer(x64)))
-            expected, other = (pre, post) if data["norm_first"] else (post, pre)
-            if not close_f64(out, expected):
-                if close_f64(out, other):
-                    return (f"your module computes the {'post' if data['norm_first'] else 'pre'}-norm order, but "
-                            f"norm_first={data['norm_first']}")
-                return close_problem(out, expected, "your output (evaluation mode: dropout off)",
-                                     "x + sublayer(norm(x))" if data["norm_first"] else "norm(x + sublayer(x))",
-                                     atol=1e-4, rtol=1e-3)
-            return None
-        if data["mode"] == "train":  # pre-norm with a sub-layer of ones: out - x = Dropout(ones)
-            p = data["dropout"]
-            change = f64(out) - x64
-            kept = change.abs() > 1e-6
-            dropped = 1.0 - float(kept.double().mean())
-            tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
-            zeros = float((f64(out) == 0).double().mean())
-            if abs(zeros - p) <= tolerance:
-                return ("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
-                        "before the residual add, so that x always passes through")
-            if abs(dropped) < tolerance:
-                return "in training mode your module applies no dropout to the sub-layer's output"
-            if abs(dropped - p) > tolerance:
-                return (f"with a sub-layer that returns ones, about {fmt(100 * p)}% of out - x should be 0 (dropped), "
-                        f"but {fmt(100 * dropped)}% are; apply dropout to the sub-layer's output only")
-            scale = 1.0 / (1.0 - p)
-            if not torch.allclose(change[kept], torch.full_like(change[kept], scale), rtol=1e-4, atol=1e-5):
-                return (f"the sub-layer's surviving outputs (ones) should arrive as 1/(1 - p) = {fmt(scale)} in "
-                        "out - x; apply dropout to the sub-layer's output, before the residual add")
-            return None
-        again = output.get("again")
-        if isinstance(again, torch.Tensor) and torch.equal(again, out):
-            return "in training mode two calls gave the same output: is dropout (with module.train()) applied?"
-        return None
-
-    return first_problem(
-        lambda: tensor_problem(out, "your output", x.shape),
-        lambda: finite_problem(out, "your output"),
-        parameters,
-        values,
-    )
+    if problem := (tensor_problem(out, "your output", case.args[0].shape) or finite_problem(out, "your output")
+                   or _add_and_norm_parameters(output, d)):
+        return problem
+    if mode == "eval":
+        return _add_and_norm_eval(case, out)
+    if mode == "train":
+        return _add_and_norm_train(case, out)
+    again = output.get("again")  # "train_twice": dropout must draw a new mask on every call
+    if isinstance(again, torch.Tensor) and torch.equal(again, out):
+        return "in training mode two calls gave the same output: is dropout (with module.train()) applied?"
+    return None
 
 
 EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex08.toml

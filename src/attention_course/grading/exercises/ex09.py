@@ -1,10 +1,9 @@
 """Exercise 09, the encoder: the checks behind ``exercises/ex09_the_encoder.ipynb``.
 
-The learner writes chapter 09's core: the position-wise feed-forward network (with a clear error when its
-output width is not d_model), the conversion of a linear layer into a kernel-size-1 convolution, an encoder
-layer assembled from the library's multi-head attention and feed-forward network (checked against
-``nn.TransformerEncoderLayer``, whose weights are loaded into it), and a classifier head that pools over
-the real tokens and then applies a linear layer.
+The learner writes the position-wise FFN (a ValueError when its output width is not d_model), a linear layer
+as a kernel-size-1 convolution, an encoder layer from the library's parts (checked against
+``nn.TransformerEncoderLayer``, whose weights are loaded into it) and a classifier head that pools over the real
+tokens. Recognised mistakes: ReLU misplaced, the norm order swapped, the padding mask ignored or pooled over.
 """
 
 from __future__ import annotations
@@ -16,14 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_course.grading.compare import (
-    close_f64,
-    close_problem,
-    f64,
-    fmt,
-    fmt_shape,
-    tensor_problem,
-)
+from attention_course.grading.compare import close_f64, close_problem, f64, fmt, fmt_shape, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on, second_run
 from attention_course.grading.spec import (
     Case,
@@ -65,21 +57,21 @@ def _ffn_cases(g: torch.Generator) -> list[Case]:
 
 
 def _run_ffn(obj: Any, case: Case) -> Any:
+    output = call_expecting_error(obj, case)
     if "perm" not in case.data:
-        return call_expecting_error(obj, case)
+        return output
     (x, *weights), _ = case.fresh_args()
-    return call_function(obj, case), obj(x[case.data["perm"]].clone(), *weights)
+    return output, obj(x[case.data["perm"]].clone(), *weights)
 
 
-def _reference_ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor,
-                   b2: torch.Tensor) -> torch.Tensor:
-    return torch.relu(f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)
+def _ffn(x: torch.Tensor, W1: torch.Tensor, b1: torch.Tensor, W2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x @ W1 + b1) @ W2 + b2
 
 
-_FFN_MISTAKES = (  # (x, W1, b1, W2, b2) -> a wrong FFN output
-    Mistake(lambda x, W1, b1, W2, b2: (f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2),
+_FFN_MISTAKES = (  # (x, W1, b1, W2, b2) in float64 -> a wrong FFN output
+    Mistake(lambda x, W1, b1, W2, b2: (x @ W1 + b1) @ W2 + b2,
             "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"),
-    Mistake(lambda x, W1, b1, W2, b2: torch.relu((f64(x) @ f64(W1) + f64(b1)) @ f64(W2) + f64(b2)),
+    Mistake(lambda x, W1, b1, W2, b2: torch.relu((x @ W1 + b1) @ W2 + b2),
             "you applied ReLU to the output; it belongs on the hidden layer only"),
 )
 
@@ -87,8 +79,7 @@ _FFN_MISTAKES = (  # (x, W1, b1, W2, b2) -> a wrong FFN output
 def _position_wise(v: View) -> str | None:
     if v.extra is None:
         return None
-    problem = tensor_problem(v.extra, "your output", v.want.output.shape)
-    if problem:
+    if problem := tensor_problem(v.extra, "your output", v.want.output.shape):
         return problem
     gap = float((f64(v.extra) - f64(v.got.output)[v.data["perm"]]).abs().max())
     if not gap <= 1e-4:
@@ -98,7 +89,7 @@ def _position_wise(v: View) -> str | None:
 
 
 _FFN = Check(
-    reference=lambda v: _reference_ffn(*v.x),
+    reference=lambda v: _ffn(*v.x),
     outputs=(Out("output", "relu(x @ W1 + b1) @ W2 + b2"),),
     raises=lambda v: (v.data["error"], "the FFN's output must have width d_model, and W1 must match x's features")
     if "error" in v.data else None,
@@ -168,10 +159,8 @@ _CONV = Check(
 
 
 # --- part 3: the encoder layer -------------------------------------------------------------------------
-def _torch_layer(d_model: int, num_heads: int, d_ff: int, dropout: float,
-                 norm_first: bool) -> nn.TransformerEncoderLayer:
-    return nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=dropout, batch_first=True,
-                                      norm_first=norm_first)
+def _torch_layer(d_model: int, num_heads: int, d_ff: int, dropout: float, norm_first: bool) -> nn.Module:
+    return nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout, batch_first=True, norm_first=norm_first)
 
 
 def _encoder_layer_cases(g: torch.Generator) -> list[Case]:
@@ -184,14 +173,12 @@ def _encoder_layer_cases(g: torch.Generator) -> list[Case]:
             for norm in (reference.norm1, reference.norm2):
                 norm.weight.copy_(1.0 + randn(g, d_model, scale=0.2))
         state = EncoderLayer.from_torch(reference).state_dict()  # the same weights under the library's names
-        keep = None
+        mask = None  # (B, 1, 1, L), True = may attend (a real token)
         if lengths is not None:
-            keep = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # (B, L) True = real token
-        x = randn(g, batch, length, d_model)
+            mask = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
         data = {"config": (d_model, num_heads, d_ff, dropout, norm_first), "state": state,
                 "torch_state": reference.state_dict(), "mode": mode}
-        mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L), True = may attend
-        return Case(name, (x, mask), data=data)
+        return Case(name, (randn(g, batch, length, d_model), mask), data=data)
 
     return [
         case("post-norm, no padding, x (2, 5, 16), 4 heads", 2, 5, 16, 4, 32, False),
@@ -316,14 +303,12 @@ def _run_head(obj: Any, case: Case) -> Any:
     linear = getattr(module, "linear", None)
     if not isinstance(linear, nn.Linear):
         return {"parameters": parameters, "no_linear": True}
+    (states, keep), _ = case.fresh_args()
     with torch.no_grad():
         linear.weight.copy_(case.data["weight"])
         linear.bias.copy_(case.data["bias"])
-    (states, keep), _ = case.fresh_args()
-    with torch.no_grad():
-        first = module(states.clone(), keep.clone())
-        second = module(states.clone(), keep.clone())
-    return {"parameters": parameters, "output": first, "again": second}
+        return {"parameters": parameters, "output": module(states.clone(), keep.clone()),
+                "again": module(states.clone(), keep.clone())}  # the same input twice: the same logits
 
 
 def _unpack_head(v: View) -> str | None:

@@ -1,31 +1,27 @@
 """Exercise 11, making attention fast: the checks behind ``exercises/ex11_efficient_attention.ipynb``.
 
-The learner builds chapter 11's core: appending new keys and values to a KV cache, the online-softmax
-update (a running maximum and a running sum over blocks of scores), one block step of tiled attention, and
-tiled attention itself, which must never create a tensor as large as the score matrix.
-
-References are computed in float64 in the checking process from PyTorch (``torch.cat``,
-``torch.logsumexp``, ``F.scaled_dot_product_attention``) and from the library
-(:func:`attention_course.efficient.tiled_attention_step`); properties (the running maximum never decreases,
-``m + log ℓ`` is the log-sum-exp of all scores seen, ``O / ℓ`` is the attention output over all keys seen,
-no tensor of the size of the score matrix) give the specific messages.
+The learner writes appending to a KV cache, the online-softmax update (running maximum and sum), one block step
+of tiled attention, and tiled attention itself, which must never create a tensor as large as the score matrix.
+References in float64: ``torch.cat``, ``torch.logsumexp``, ``F.scaled_dot_product_attention`` and the library's
+``tiled_attention_step``. Recognised: new positions first, an old sum not rescaled, a decreasing maximum, overflow,
+the score matrix's memory, a call to an attention kernel.
 """
 
 from __future__ import annotations
 
+import builtins
+import io
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from attention_course.efficient import tiled_attention_step as reference_step
-from attention_course.grading.compare import (
-    close_problem,
-    f64,
-    float32_atol,
-)
+from attention_course.grading.compare import close_problem, f64, float32_atol
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_texts
@@ -71,16 +67,24 @@ _APPEND = Check(
 
 
 # --- part 2: the online-softmax update -------------------------------------------------------------------
+def _finite_shift(maximum: torch.Tensor) -> torch.Tensor:
+    """The maximum to subtract inside exp: 0 for a row that has seen no finite score (so exp gives 0, not NaN)."""
+    return torch.where(torch.isneginf(maximum), torch.zeros_like(maximum), maximum)
+
+
 def _state_after(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Running (max, sum) after the given scores, from their definition (the reference, never the learner's)."""
     running_max = scores.amax(dim=-1)
-    shift = torch.where(torch.isneginf(running_max), torch.zeros_like(running_max), running_max)
-    return running_max, torch.exp(scores - shift[..., None]).sum(dim=-1)
+    return running_max, torch.exp(scores - _finite_shift(running_max)[..., None]).sum(dim=-1)
 
 
 def _online_cases(g: torch.Generator) -> list[Case]:
-    def start(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.full(shape, -math.inf, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    def start(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.full(shape, -math.inf), torch.zeros(shape)
+
+    def after(name: str, previous: torch.Tensor, block: torch.Tensor, **data: Any) -> Case:
+        """A case whose state comes from earlier scores ``previous`` (kept for the messages)."""
+        return Case(name, (*_state_after(previous), block), data={"previous": previous, **data})
 
     previous = randn(g, 4, 6, scale=2.0)
     growing = randn(g, 4, 5, scale=2.0)
@@ -96,22 +100,14 @@ def _online_cases(g: torch.Generator) -> list[Case]:
     double_previous = randn(g, 3, 7, dtype=torch.float64)
     return [
         Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), randn(g, 4, 8))),
-        Case("a second block: state from 6 earlier scores, 5 new ones", (*_state_after(previous), growing),
-             data={"previous": previous}),
-        Case("a block of a single score per row", (*_state_after(previous), randn(g, 4, 1)),
-             data={"previous": previous}),
-        Case("leading dimensions: state (2, 3), scores (2, 3, 5)", (*_state_after(batched_previous),
-                                                                   randn(g, 2, 3, 5)),
-             data={"previous": batched_previous}),
-        Case("scores around 1e4 (overflow test)", (*_state_after(huge_previous), huge_block),
-             data={"previous": huge_previous, "stability": True}),
-        Case("masked scores (-inf), and a row whose whole block is masked", (*_state_after(masked_previous),
-                                                                            masked_block),
-             data={"previous": masked_previous}),
+        after("a second block: state from 6 earlier scores, 5 new ones", previous, growing),
+        after("a block of a single score per row", previous, randn(g, 4, 1)),
+        after("leading dimensions: state (2, 3), scores (2, 3, 5)", batched_previous, randn(g, 2, 3, 5)),
+        after("scores around 1e4 (overflow test)", huge_previous, huge_block, stability=True),
+        after("masked scores (-inf), and a row whose whole block is masked", masked_previous, masked_block),
         Case("a row that has seen no score yet and gets only -inf (must stay -inf, 0, not NaN)",
              (*start(2), never_seen)),
-        Case("float64 keeps its dtype", (*_state_after(double_previous), randn(g, 3, 4, dtype=torch.float64)),
-             data={"previous": double_previous}),
+        after("float64 keeps its dtype", double_previous, randn(g, 3, 4, dtype=torch.float64)),
     ]
 
 
@@ -121,10 +117,6 @@ def _online_reference(v: View) -> tuple[torch.Tensor, torch.Tensor]:
     # m' + log ℓ' must be the log-sum-exp of everything seen: the old state's and the new block's.
     total_lse = torch.logaddexp(m + torch.log(running_sum), torch.logsumexp(s, dim=-1))
     return expected_max, torch.exp(total_lse - _finite_shift(expected_max))
-
-
-def _finite_shift(maximum: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isneginf(maximum), torch.zeros_like(maximum), maximum)
 
 
 def _running_max(v: View) -> str | None:
@@ -166,14 +158,6 @@ _ONLINE = Check(
 
 # --- part 3: one block step of tiled attention -----------------------------------------------------------
 def _step_cases(g: torch.Generator) -> list[Case]:
-    def initial(*shape: int, d_v: int, dtype=torch.float32):
-        return (torch.zeros(*shape, d_v, dtype=dtype), torch.full(shape, -math.inf, dtype=dtype),
-                torch.zeros(shape, dtype=dtype))
-
-    def after(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
-        state = initial(*query.shape[:-1], d_v=value.shape[-1], dtype=query.dtype)
-        return reference_step(*state, query, key, value, scale)
-
     def case(name: str, batch: tuple, bq: int, bk_prev: int, bk: int, d_k: int, d_v: int, scale_q: float = 1.0,
              dtype=torch.float32, lower: bool = False) -> Case:
         query = randn(g, *batch, bq, d_k, scale=scale_q, dtype=dtype)
@@ -183,11 +167,13 @@ def _step_cases(g: torch.Generator) -> list[Case]:
             prev_k[..., :bq, :] = query
             key = key * 0.01
         scale = 1.0 / math.sqrt(d_k)
-        if bk_prev:
-            state = after(query, prev_k, prev_v, scale)
+        rows = (*batch, bq)  # nothing seen yet: accumulator 0, running maximum -inf, running sum 0
+        state = (torch.zeros(*rows, d_v, dtype=dtype), torch.full(rows, -math.inf, dtype=dtype),
+                 torch.zeros(rows, dtype=dtype))
+        data = {}
+        if bk_prev:  # the state after an earlier block of keys
+            state = reference_step(*state, query, prev_k, prev_v, scale)
             data = {"previous_key": prev_k, "previous_value": prev_v}
-        else:
-            state, data = initial(*batch, bq, d_v=d_v, dtype=dtype), {}
         data["stability"] = scale_q > 1.0
         return Case(name, (*state, query, key, value, scale), data=data)
 
@@ -276,37 +262,16 @@ def _memory_status() -> dict[str, int]:
     return found
 
 
-def _refuse(func: Any) -> None:
-    name = str(getattr(func, "__name__", func))
-    if any(kernel in name for kernel in _ATTENTION_KERNELS):
-        raise RuntimeError(f"tiled_attention must compute attention itself, one tile at a time; it called {name}")
-
-
-class _RefuseAttentionCalls:
+class _RefuseAttentionCalls(TorchFunctionMode):
     """While active, every attention function of PyTorch raises when called (``F.scaled_dot_product_attention``
-    and the like, through a function mode; a dispatch mode would also see the kernels, but it imports
-    ``torch._dynamo`` on first use, which the worker's guard does not allow learner code to trigger)."""
+    and the like; a dispatch mode would also see the kernels, but it imports ``torch._dynamo`` on first use,
+    which the worker's guard does not allow learner code to trigger)."""
 
-    def __enter__(self) -> _RefuseAttentionCalls:
-        from torch.overrides import TorchFunctionMode
-
-        class Functions(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                _refuse(func)
-                return func(*args, **(kwargs or {}))
-
-        self._modes = [Functions()]
-        for mode in self._modes:
-            mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
-
-
-def _refusing_attention_kernels() -> _RefuseAttentionCalls:
-    return _RefuseAttentionCalls()
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = str(getattr(func, "__name__", func))
+        if any(kernel in name for kernel in _ATTENTION_KERNELS):
+            raise RuntimeError(f"tiled_attention must compute attention itself, one tile at a time; it called {name}")
+        return func(*args, **(kwargs or {}))
 
 
 def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
@@ -314,9 +279,6 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
     memory the call added to the process (its peak resident set above the resident set before; numbers,
     tensors and NumPy arrays alike): the child starts with the parent's pages, so its peak counts only what
     the call allocates. A small call first loads whatever code the function needs."""
-    import io
-    import os
-
     small = Case("warm-up", (case.args[0][:8], case.args[1][:8], case.args[2][:8], case.args[3]))
     obj = unwatched(obj)  # the input watch's copies would count as the call's memory (other cases are watched)
     read_end, write_end = os.pipe()
@@ -327,38 +289,29 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
             os.close(read_end)
             # The parent's thread pool did not survive the fork; a parallel copy would wait on it forever.
             torch.set_num_threads(1)
-            with _refusing_attention_kernels():
+            with _RefuseAttentionCalls():
                 call_function(obj, small)
                 before = _memory_status()["VmRSS"]
                 output = call_function(obj, case)
             added = _memory_status()["VmHWM"] - before
             buffer = io.BytesIO()
             _save({"added": int(added), "output": output if isinstance(output, torch.Tensor) else None,
-                        "error": None}, buffer)
+                   "error": None}, buffer)
         except BaseException as exc:  # the learner's error goes back as the outcome
             buffer = io.BytesIO()
             _save({"added": 0, "output": None, "error": str(exc)[:2000], "type": type(exc).__name__[:100]}, buffer)
             code = 1
-        data = buffer.getvalue()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(write_end, view):]
+        with _open(write_end, "wb") as pipe:
+            pipe.write(buffer.getvalue())
         os._exit(code)
     os.close(write_end)
-    chunks = []
-    while True:
-        chunk = os.read(read_end, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_end)
+    with _open(read_end, "rb") as pipe:
+        data = pipe.read()
     os.waitpid(pid, 0)
-    if not chunks:
+    if not data:
         raise RuntimeError("your function ended the process it was measured in")
-    result = _load(io.BytesIO(b"".join(chunks)), weights_only=True)
+    result = _load(io.BytesIO(data), weights_only=True)
     if result["error"] is not None:  # the learner's exception, as a built-in type where it is one
-        import builtins
-
         kind = getattr(builtins, str(result.get("type")), None)
         if not (isinstance(kind, type) and issubclass(kind, Exception)):
             kind = RuntimeError
@@ -370,7 +323,7 @@ def _run_tiled(obj: Any, case: Case) -> Any:
     """Call the learner's function (no attention kernel of PyTorch allowed); for the memory case, in a
     child process whose peak memory is measured (see ``_measured_call``)."""
     if not case.data.get("memory"):
-        with _refusing_attention_kernels():
+        with _RefuseAttentionCalls():
             return call_function(obj, case)
     return _measured_call(obj, case)
 

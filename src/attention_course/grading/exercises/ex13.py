@@ -1,18 +1,11 @@
 """Exercise 13, decoder-only language models: the checks behind ``exercises/ex13_decoder_only_language_models.ipynb``.
 
-The learner writes chapter 13's core: the shifted next-token loss with padding ignored, the top-k and top-p
-(nucleus) filters, sampling with a temperature and those filters, and one cached generation step of
-single-head causal self-attention; and, from chapter 13b's modern block, RMSNorm.
-
-References are computed in the checking process in float64 from PyTorch (``F.cross_entropy``, softmax,
-attention over the whole sequence) and from the library's filters (:mod:`attention_course.sampling`);
-the specific messages recognise the usual mistakes: targets not shifted, padding counted, the token that
-crosses p dropped, temperature applied to probabilities, a filter that does not shape the draw, and for
-RMSNorm: eps outside the square root, the mean subtracted (LayerNorm), the weight left out, the mean square
-taken over another dimension than the last, a float16 input squared in float16. RMSNorm's reference is
-``F.rms_norm`` in float64; while the learner's ``rms_norm`` runs, PyTorch's own RMSNorm (``F.rms_norm``,
-``nn.RMSNorm``, ``torch.rms_norm``, the ``aten`` operators) refuses to run, so the part cannot be answered
-by calling it (the course library's ``ac.RMSNorm`` is refused by the library rule, as for every part).
+The learner writes the shifted next-token loss (padding ignored), the top-k and top-p filters, sampling with a
+temperature and those filters, one cached step of causal self-attention and (chapter 13b) RMSNorm. References are
+float64 PyTorch (``F.cross_entropy``, ``F.rms_norm``, attention over the whole sequence) and the library's filters.
+Recognised mistakes: targets not shifted, padding counted, the token crossing p dropped, temperature applied to
+probabilities, a filter the draw ignores; for RMSNorm eps outside the root, the mean subtracted, the weight left
+out, another dimension than the last, float16 squares. PyTorch's own RMSNorm refuses to run while the learner's does.
 """
 
 from __future__ import annotations
@@ -25,12 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from attention_course.grading.compare import (
-    f64,
-    first_problem,
-    matches,
-    tensor_problem,
-)
+from attention_course.grading.compare import f64, first_problem, matches, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.findings import FailureKind, Finding, finding
 from attention_course.grading.spec import (
@@ -98,7 +86,7 @@ _LOSS = Check(
 )
 
 
-# --- part 2: top-k ------------------------------------------------------------------------------------------
+# --- parts 2 and 3: the top-k and top-p filters -------------------------------------------------------------
 def _top_k_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("logits (4, 10), k = 3", (randn(g, 4, 10), 3)),
@@ -108,39 +96,6 @@ def _top_k_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-_FILTERED = "filtered logits"
-_CROSSING = (" (keep a token while the probability of the tokens before it is below p, so that the token whose "
-             "probability crosses p is kept too)")
-
-
-def _kept(what: Callable[[View], str], too_few: str = "") -> Callable[[View], str | None]:
-    """The step that compares which tokens a filter kept, row by row (``what(view)`` names the filter;
-    ``too_few`` is added when fewer tokens were kept in all than the filter keeps)."""
-    def step(v: View) -> str | None:
-        width = v.args[0].size(-1)
-        got, want = (torch.isfinite(getattr(t, _FILTERED)).reshape(-1, width) for t in (v.got, v.want))
-        if torch.equal(got, want):
-            return None
-        row = int((got != want).any(dim=-1).nonzero()[0, 0])
-        fewer = too_few if int(got.sum()) < int(want.sum()) else ""
-        return f"row {row}: you kept {int(got[row].sum())} tokens, {what(v)} keeps {int(want[row].sum())}{fewer}"
-    return step
-
-
-def _kept_values(v: View) -> str | None:
-    got, keep = getattr(v.got, _FILTERED), torch.isfinite(getattr(v.want, _FILTERED))
-    if not torch.equal(f64(got)[keep], v.x[0][keep]):
-        return "the kept logits must keep their values (set only the dropped ones to -inf)"
-    if not bool((got[~keep] == -math.inf).all()):
-        return "the dropped logits must be -inf (so that softmax gives them probability 0)"
-    return None
-
-
-_TOP_K = Check(reference=lambda v: reference_top_k(*v.args), outputs=(Out(_FILTERED, finite=False),),
-               explain=(_kept(lambda v: f"top-k with k = {v.args[1]}"), _kept_values))
-
-
-# --- part 3: top-p ------------------------------------------------------------------------------------------
 def _probs(*values: float) -> torch.Tensor:
     return torch.tensor(values).log()
 
@@ -157,50 +112,83 @@ def _top_p_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-_TOP_P = Check(reference=lambda v: reference_top_p(*v.args), outputs=(Out(_FILTERED, finite=False),),
-               explain=(_kept(lambda v: f"top-p with p = {v.args[1]}", _CROSSING), _kept_values))
+_FILTERED = "filtered logits"
+
+
+def _kept_values(v: View) -> str | None:
+    got, keep = getattr(v.got, _FILTERED), torch.isfinite(getattr(v.want, _FILTERED))
+    if not torch.equal(f64(got)[keep], v.x[0][keep]):
+        return "the kept logits must keep their values (set only the dropped ones to -inf)"
+    if not bool((got[~keep] == -math.inf).all()):
+        return "the dropped logits must be -inf (so that softmax gives them probability 0)"
+    return None
+
+
+def _filter_check(reference: Callable[..., torch.Tensor], what: str, too_few: str = "") -> Check:
+    """A filter part: the tokens kept must be the library filter's, row by row (``what`` names the filter, e.g.
+    "top-k with k"; ``too_few`` is added when fewer tokens were kept in all), with their values unchanged."""
+    def kept(v: View) -> str | None:
+        got, want = (torch.isfinite(getattr(t, _FILTERED)).reshape(-1, v.args[0].size(-1)) for t in (v.got, v.want))
+        if torch.equal(got, want):
+            return None
+        row = int((got != want).any(dim=-1).nonzero()[0, 0])
+        fewer = too_few if int(got.sum()) < int(want.sum()) else ""
+        return (f"row {row}: you kept {int(got[row].sum())} tokens, {what} = {v.args[1]} keeps "
+                f"{int(want[row].sum())}{fewer}")
+
+    return Check(reference=lambda v: reference(*v.args), outputs=(Out(_FILTERED, finite=False),),
+                 explain=(kept, _kept_values))
+
+
+_TOP_K = _filter_check(reference_top_k, "top-k with k")
+_TOP_P = _filter_check(reference_top_p, "top-p with p", too_few=" (keep a token while the probability of the tokens "
+                       "before it is below p, so that the token whose probability crosses p is kept too)")
 
 
 # --- part 4: sampling ---------------------------------------------------------------------------------------
 DRAWS = 4000
+#: Significance of the sampling tests: a correct sampler fails a case with probability at most 2e-6 (two
+#: tests), so a class of a thousand learners sees a false failure about once in 500 gradings.
+SAMPLING_SIGNIFICANCE = 1e-6
+_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": None, "top_p": None}  # what the learner's function is given
 
 
 def _sample_cases(g: torch.Generator) -> list[Case]:
-    def rows(logits: torch.Tensor) -> torch.Tensor:
-        return logits.expand(DRAWS, logits.numel()).clone()
-
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
+
+    def draws(name: str, logits: torch.Tensor, **kwargs: Any) -> Case:  # DRAWS rows, one distribution
+        return Case(name, (logits.expand(DRAWS, logits.numel()).clone(),), kwargs, data={"seed": seed})
+
     base = torch.tensor([2.0, 1.0, 0.0, -1.0])
     return [
         # Degenerate for a sampler (no draw at all): it must pass, but earns no credit on its own.
         Case("temperature 0 is greedy: the argmax of each row", (randn(g, 3, 10),), {"temperature": 0.0},
              credit=False),
-        Case(f"temperature 1, {DRAWS} draws from one distribution", (rows(base),), {"temperature": 1.0},
-             data={"seed": seed}),
-        Case(f"temperature 0.5, {DRAWS} draws", (rows(base),), {"temperature": 0.5}, data={"seed": seed}),
-        Case(f"temperature 2, top-k 2, {DRAWS} draws", (rows(base),), {"temperature": 2.0, "top_k": 2},
-             data={"seed": seed}),
-        Case(f"top-p 0.6 on probabilities (0.5, 0.3, 0.15, 0.05), {DRAWS} draws",
-             (rows(_probs(0.5, 0.3, 0.15, 0.05)),), {"top_p": 0.6}, data={"seed": seed}),
+        draws(f"temperature 1, {DRAWS} draws from one distribution", base, temperature=1.0),
+        draws(f"temperature 0.5, {DRAWS} draws", base, temperature=0.5),
+        draws(f"temperature 2, top-k 2, {DRAWS} draws", base, temperature=2.0, top_k=2),
+        draws(f"top-p 0.6 on probabilities (0.5, 0.3, 0.15, 0.05), {DRAWS} draws", _probs(0.5, 0.3, 0.15, 0.05),
+              top_p=0.6),
         # Logits whose filtered distribution keeps three tokens (a single kept token would need no randomness).
-        Case(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws",
-             (rows(torch.tensor([1.5, 1.0, 0.5, 0.0, -0.5, -3.0])[permutation(g, 6)]),),
-             {"temperature": 0.8, "top_k": 3, "top_p": 0.9}, data={"seed": seed}),
+        draws(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws",
+              torch.tensor([1.5, 1.0, 0.5, 0.0, -0.5, -3.0])[permutation(g, 6)], temperature=0.8, top_k=3, top_p=0.9),
     ]
 
 
 def _run_sample(obj: Any, case: Case) -> Any:
     """Draw three times: twice with generators seeded alike (the draws must repeat), once with another seed
     (they must change); and say whether the global random generator was left as it was."""
-    kwargs = {"temperature": 1.0, "top_k": None, "top_p": None, **case.kwargs}
+    kwargs = {**_SAMPLING_DEFAULTS, **case.kwargs}
+
+    def draw(seed: int) -> Any:
+        return obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(seed))
+
     if "seed" not in case.data:
-        return obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(0))
+        return draw(0)
     global_state = torch.random.get_rng_state()
-    first = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
-    second = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"]))
-    other = obj(case.args[0].clone(), **kwargs, generator=torch.Generator().manual_seed(case.data["seed"] + 1))
-    untouched = bool(torch.equal(torch.random.get_rng_state(), global_state))
-    return first, second, other, untouched
+    seed = case.data["seed"]
+    draws = tuple(draw(s) for s in (seed, seed, seed + 1))
+    return (*draws, bool(torch.equal(torch.random.get_rng_state(), global_state)))
 
 
 def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
@@ -212,80 +200,76 @@ def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None,
     return torch.softmax(z, dim=-1)
 
 
-#: Significance of the sampling tests: a correct sampler fails a case with probability at most 2e-6 (two
-#: tests), so a class of a thousand learners sees a false failure about once in 500 gradings.
-SAMPLING_SIGNIFICANCE = 1e-6
+def _draws_problem(output: Any) -> str | None:
+    """The three draws must repeat with one seed, change with another, and leave the global generator alone."""
+    if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
+        return Finding("expected your function to return the tokens", FailureKind.TYPE)
+    for draw in output[:3]:
+        problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
+        if problem:
+            return problem
+    if not torch.equal(output[0], output[1]):
+        return "two calls with generators seeded alike gave different tokens: draw with the generator argument"
+    if torch.equal(output[0], output[2]):
+        return ("two calls with generators seeded differently gave the same tokens: your draws must come from "
+                "the generator argument (e.g. torch.multinomial(probs, 1, generator=generator)), not from a "
+                "fixed rule or a seed of your own")
+    if not output[3]:
+        return ("your function changed PyTorch's global random generator (torch.manual_seed, or a draw without "
+                "generator=...): draw with the generator argument only")
+    return None
+
+
+def _distribution_problem(tokens: torch.Tensor, logits: torch.Tensor, kwargs: dict[str, Any]) -> str | None:
+    """Whether ``tokens``, drawn from the row ``logits``, follow its filtered softmax, independently."""
+    vocabulary = logits.size(-1)
+    expected = _expected_probs(logits, **kwargs)
+    if (tokens < 0).any() or (tokens >= vocabulary).any():
+        return f"token ids must lie in 0 .. {vocabulary - 1}"
+    impossible = tokens[expected[tokens] == 0]
+    if impossible.numel():
+        token = int(impossible[0])
+        for name, label in (("top_p", "top-p"), ("top_k", "top-k")):  # which filter the draws ignore
+            if kwargs[name] is not None and bool((_expected_probs(logits, **{**kwargs, name: None})[tokens] > 0).all()):
+                return (f"you drew token {token}, which {label} = {kwargs[name]} removes (probability 0): "
+                        f"your draws come from a distribution without the {label} filter; when {name} is "
+                        f"given, apply your {name}_filter to the logits before the softmax you draw from")
+        return (f"you drew token {token}, which the filters remove (probability 0): draw from the softmax "
+                "of the filtered logits")
+    counts = torch.bincount(tokens, minlength=vocabulary)
+    frequencies = counts.double() / DRAWS
+    if chi_square_p_value(counts, expected * DRAWS) < SAMPLING_SIGNIFICANCE:
+        worst = int((frequencies - expected).abs().argmax())
+        untempered = _expected_probs(logits, 1.0, kwargs["top_k"], kwargs["top_p"])
+        hint = ""
+        if kwargs["temperature"] != 1 and (frequencies - untempered).abs().max() < 0.04:
+            hint = (" (your draws ignore the temperature: divide the logits by it, not the probabilities, "
+                    "which renormalising undoes)")
+        return (f"token {worst} was drawn {frequencies[worst]:.3f} of the time; its probability is "
+                f"{expected[worst]:.3f}{hint}")
+    # Each pair of consecutive rows' tokens must follow the product distribution (a sampler that walks through
+    # the quantiles in order gives the right counts and sorted tokens).
+    pairs = tokens[: DRAWS // 2 * 2].reshape(-1, 2)
+    joint = torch.bincount(pairs[:, 0] * vocabulary + pairs[:, 1], minlength=vocabulary**2)
+    if chi_square_p_value(joint, torch.outer(expected, expected).flatten() * pairs.size(0)) < SAMPLING_SIGNIFICANCE:
+        return ("your draws are not independent from row to row (consecutive rows' tokens follow a pattern): "
+                "draw each row at random, e.g. with torch.multinomial")
+    return None
 
 
 def _verify_sample(case: Case, output: Any) -> str | None:
-    logits = case.args[0]
-    kwargs = {"temperature": 1.0, "top_k": None, "top_p": None, **case.kwargs}
+    logits, kwargs = case.args[0], {**_SAMPLING_DEFAULTS, **case.kwargs}
     if kwargs["temperature"] == 0:
         return first_problem(
             lambda: tensor_problem(output, "your tokens", logits.shape[:-1], floating=False),
             lambda: None if torch.equal(output.long(), logits.argmax(dim=-1)) else
             Finding("with temperature 0 every row must give its argmax", FailureKind.MISMATCH),
         )
-
-    def tokens_problem() -> str | None:
-        if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
-            return Finding("expected your function to return the tokens", FailureKind.TYPE)
-        for draw in output[:3]:
-            problem = tensor_problem(draw, "your tokens", (DRAWS,), floating=False)
-            if problem:
-                return problem
-        if not torch.equal(output[0], output[1]):
-            return "two calls with generators seeded alike gave different tokens: draw with the generator argument"
-        if torch.equal(output[0], output[2]):
-            return ("two calls with generators seeded differently gave the same tokens: your draws must come from "
-                    "the generator argument (e.g. torch.multinomial(probs, 1, generator=generator)), not from a "
-                    "fixed rule or a seed of your own")
-        if not output[3]:
-            return ("your function changed PyTorch's global random generator (torch.manual_seed, or a draw without "
-                    "generator=...): draw with the generator argument only")
-        return None
-
-    def distribution() -> str | None:
-        tokens = output[0].long()
-        vocabulary = logits.size(-1)
-        expected = _expected_probs(logits[0], **kwargs)
-        if (tokens < 0).any() or (tokens >= vocabulary).any():
-            return f"token ids must lie in 0 .. {vocabulary - 1}"
-        impossible = tokens[expected[tokens] == 0]
-        if impossible.numel():
-            token = int(impossible[0])
-            for name, label in (("top_p", "top-p"), ("top_k", "top-k")):  # which filter the draws ignore
-                if kwargs[name] is not None and bool((_expected_probs(logits[0], **{**kwargs, name: None})
-                                                      [tokens] > 0).all()):
-                    return (f"you drew token {token}, which {label} = {kwargs[name]} removes (probability 0): "
-                            f"your draws come from a distribution without the {label} filter; when {name} is "
-                            f"given, apply your {name}_filter to the logits before the softmax you draw from")
-            return (f"you drew token {token}, which the filters remove (probability 0): draw from the softmax "
-                    "of the filtered logits")
-        counts = torch.bincount(tokens, minlength=vocabulary)
-        frequencies = counts.double() / DRAWS
-        if chi_square_p_value(counts, expected * DRAWS) < SAMPLING_SIGNIFICANCE:
-            worst = int((frequencies - expected).abs().argmax())
-            hint = ""
-            untempered = _expected_probs(logits[0], 1.0, kwargs["top_k"], kwargs["top_p"])
-            if kwargs["temperature"] != 1 and (frequencies - untempered).abs().max() < 0.04:
-                hint = (" (your draws ignore the temperature: divide the logits by it, not the probabilities, "
-                        "which renormalising undoes)")
-            return (f"token {worst} was drawn {frequencies[worst]:.3f} of the time; its probability is "
-                    f"{expected[worst]:.3f}{hint}")
-        # Independent draws: each pair of consecutive rows' tokens must follow the product distribution
-        # (a sampler that walks through the quantiles in order gives the right counts and sorted tokens).
-        pairs = tokens[: DRAWS // 2 * 2].reshape(-1, 2)
-        joint = torch.bincount(pairs[:, 0] * vocabulary + pairs[:, 1], minlength=vocabulary**2)
-        if chi_square_p_value(joint, torch.outer(expected, expected).flatten() * pairs.size(0)) \
-                < SAMPLING_SIGNIFICANCE:
-            return ("your draws are not independent from row to row (consecutive rows' tokens follow a pattern): "
-                    "draw each row at random, e.g. with torch.multinomial")
-        return None
-
     # What the draws fail is a property of every right sampler (repeatable, independent, distributed as the
     # filtered softmax), typed as such unless a step said more (a tensor of the wrong shape or dtype).
-    return finding(first_problem(tokens_problem, distribution), FailureKind.PROPERTY)
+    return finding(first_problem(lambda: _draws_problem(output),
+                                 lambda: _distribution_problem(output[0].long(), logits[0], kwargs)),
+                   FailureKind.PROPERTY)
 
 
 # --- part 5: one cached generation step ---------------------------------------------------------------------
@@ -305,7 +289,7 @@ def _step_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _whole_sequence(v: View, past: bool = False, scaled: bool = True) -> tuple[torch.Tensor, ...]:
+def _whole_sequence(v: View, past: bool = False, scaled: bool = True) -> tuple[torch.Tensor, ...] | None:
     """(output (B, 1, d), keys, values) of the last position attending to the whole sequence in float64; with
     ``past``, to the cached positions only (``None`` without any); unscaled scores without ``scaled``."""
     x = f64(v.data["x"])
@@ -378,6 +362,13 @@ _RMS_NORM_MISTAKES = (  # (x, weight, eps), float64 -> a wrong RMSNorm
 )
 
 
+def _weight_size_error(v: View) -> tuple[tuple[int, int], str] | None:
+    """What the case with a weight of the wrong size demands: a ValueError naming both sizes."""
+    features, gains = v.args[0].size(-1), v.args[1].size(-1)
+    why = f"the weight has {gains} gains but x has {features} features; name both sizes in the message"
+    return ((features, gains), why) if v.data.get("error") else None
+
+
 def _float16_overflow(v: View) -> str | None:
     if v.data.get("half") and not matches(v.got.output, v.want.output, atol=2e-3, rtol=2e-3):
         return ("your float16 output is wrong: squares of entries near 300 exceed float16's largest number "
@@ -389,9 +380,7 @@ _RMS_NORM = Check(
     reference=lambda v: F.rms_norm(v.x[0], (v.x[0].size(-1),), v.x[1], v.kwargs["eps"]),
     outputs=(Out("output", "F.rms_norm (nn.RMSNorm)", atol=lambda v: 2e-3 if v.data.get("half") else 1e-5,
                  rtol=lambda v: 2e-3 if v.data.get("half") else 1e-4, dtype=lambda v: v.args[0].dtype),),
-    raises=lambda v: ((v.args[0].size(-1), v.args[1].size(-1)), f"the weight has {v.args[1].size(-1)} gains but x "
-                      f"has {v.args[0].size(-1)} features; name both sizes in the message")
-    if v.data.get("error") else None,
+    raises=_weight_size_error,
     advice=lambda v: (" (squares of entries near 300 exceed float16's largest number, 65504: compute the mean "
                       "square in float32 and return float16)") if v.data.get("half") else "",
     mistakes=mistakes_on(_RMS_NORM_MISTAKES, lambda v: (*v.x, v.kwargs["eps"])),
@@ -403,22 +392,14 @@ class TorchRMSNormRefused(PermissionError):
     """What the learner's ``rms_norm`` gets when it calls PyTorch's own RMSNorm."""
 
 
-_REFUSAL = ("this part asks you to write RMSNorm from its formula: PyTorch's own (F.rms_norm, nn.RMSNorm, "
-            "torch.rms_norm) does not run here")
-
-
 class _RefuseTorchRMSNorm(TorchFunctionMode):
-    """While active, every PyTorch function whose name holds ``rms_norm`` (``F.rms_norm``, ``torch.rms_norm``,
-    ``nn.RMSNorm``'s forward, ``torch.ops.aten.rms_norm`` and ``_fused_rms_norm``) raises instead of running.
-
-    Code that switches PyTorch's ``__torch_function__`` handling off through its private ``torch._C`` API steps
-    round the mode; the dispatcher could refuse the operator itself, but only through private API too (public
-    ``torch.library.Library`` reads the caller's frame, which the run-time guard refuses), and the course
-    uses none (``tests/unit/test_runtime.py``)."""
+    """While active, every PyTorch function whose name holds ``rms_norm`` (``F.rms_norm``, ``nn.RMSNorm``, the
+    ``aten`` operators) raises; only private ``torch._C`` API steps round it, and the run-time guard refuses that."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if "rms_norm" in str(getattr(func, "__name__", func)):
-            raise TorchRMSNormRefused(_REFUSAL)
+            raise TorchRMSNormRefused("this part asks you to write RMSNorm from its formula: PyTorch's own "
+                                      "(F.rms_norm, nn.RMSNorm, torch.rms_norm) does not run here")
         return func(*args, **(kwargs or {}))
 
 

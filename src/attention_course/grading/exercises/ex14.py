@@ -1,38 +1,24 @@
 """Exercise 14, positions for long contexts: the checks behind ``exercises/ex14_positions_for_long_contexts.ipynb``.
 
-The learner writes chapter 14's two position schemes: the rotary embedding (rotate every pair of features
-``(2i, 2i+1)`` by ``position · base^(-2i/d)``), the score of a rotated query and key as a function of their
-offset alone (the relative-position property), and ALiBi: its slopes (the paper's rule included) and its bias
-added to the scores; then chapter 13b's Llama convention: the rotary embedding with rotate-half pairs
-``(i, i + d/2)``, and the permutation of a query or key projection's rows that turns weights trained with one
-pairing into weights for the other (how Llama checkpoints are converted to the Hugging Face layout).
-
-References come from the library (:func:`attention_course.apply_rotary`, :func:`attention_course.alibi_slopes`,
-:func:`attention_course.alibi_bias`) in float64, and from properties (a rotation keeps lengths; the score at an
-offset does not depend on where the pair sits). The specific messages recognise the usual mistakes: the
-frequencies in reverse order, ``base^(-i/d)`` instead of ``base^(-2i/d)``, the first half rotated against the
-second half, a rotation the wrong way, the query rotated instead of the key, ALiBi slopes reversed or taken
-from the power-of-two formula for any head count, a bias with the wrong sign or not aligned with the last keys;
-for rotate-half, the interleaved pairing, a cos/sin table laid out for interleaved pairs, the other half negated;
-for the conversion, the inverse permutation, the even/odd split taken over all rows instead of head by head,
-the columns permuted instead of the rows.
+The learner writes the rotary embedding (pairs ``(2i, 2i+1)`` turned by ``position · base^(-2i/d)``), the score of
+a rotated query and key at an offset, ALiBi (slopes and bias) and, from chapter 13b, rotate-half rotary (pairs
+``(i, i + d/2)``) and the row permutation that converts Llama checkpoints to it. References are the library's
+``apply_rotary``, ``alibi_slopes`` and ``alibi_bias`` in float64. Recognised mistakes: frequencies reversed or
+``base^(-i/d)``, the other pairing, a rotation the wrong way, the query rotated instead of the key, ALiBi slopes
+reversed or from the power-of-two rule, a bias of the wrong sign or not aligned with the last keys, a cos/sin table
+for the other pairing, the inverse permutation, evens and odds split over all rows, the columns permuted.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from attention_course.alibi import alibi_bias as reference_bias
 from attention_course.alibi import alibi_slopes as reference_slopes
-from attention_course.grading.compare import (
-    close_problem,
-    f64,
-    matches,
-)
+from attention_course.grading.compare import close_problem, f64, matches
 from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.spec import (
     Case,
@@ -89,18 +75,15 @@ ROTARY_MISTAKES = (
 
 # --- part 1: the rotary embedding ----------------------------------------------------------------------------
 def _rotary_cases(g: torch.Generator) -> list[Case]:
-    def positions(length: int, start: int = 0) -> torch.Tensor:
-        return torch.arange(start, start + length)
-
     scattered = torch.randperm(40, generator=g)[:5]
     return [
-        Case("x (6, 8) at positions 0..5", (randn(g, 6, 8), positions(6))),
-        Case("heads: x (2, 3, 5, 16) at positions 100..104", (randn(g, 2, 3, 5, 16), positions(5, 100))),
-        Case("base 100, x (4, 6)", (randn(g, 4, 6), positions(4)), {"base": 100.0}),
+        Case("x (6, 8) at positions 0..5", (randn(g, 6, 8), torch.arange(6))),
+        Case("heads: x (2, 3, 5, 16) at positions 100..104", (randn(g, 2, 3, 5, 16), torch.arange(100, 105))),
+        Case("base 100, x (4, 6)", (randn(g, 4, 6), torch.arange(4)), {"base": 100.0}),
         Case("positions not in order: 5 rows at scattered positions below 40", (randn(g, 5, 8), scattered)),
         Case("float64 input, d = 2 (a single pair), positions 0..6",
-             (randn(g, 7, 2, dtype=torch.float64), positions(7))),
-        Case("an odd feature size (d = 5) raises a ValueError", (randn(g, 3, 5), positions(3)),
+             (randn(g, 7, 2, dtype=torch.float64), torch.arange(7))),
+        Case("an odd feature size (d = 5) raises a ValueError", (randn(g, 3, 5), torch.arange(3)),
              data={"error": True}),
     ]
 
@@ -108,8 +91,8 @@ def _rotary_cases(g: torch.Generator) -> list[Case]:
 def _odd_size(v: View) -> tuple[tuple[int], str] | None:
     """What a case with an odd feature size demands: a ValueError naming the size."""
     d = v.args[0].size(-1)
-    return ((d,), f"d = {d} is odd (features are rotated in pairs); name the feature size in the message") \
-        if v.data.get("error") else None
+    why = f"d = {d} is odd (features are rotated in pairs); name the feature size in the message"
+    return ((d,), why) if v.data.get("error") else None
 
 
 def _rotary_inputs(v: View) -> tuple:
@@ -141,8 +124,7 @@ def _rotary_check(pairing: str, reference: str, mistakes: tuple[Mistake, ...], e
 def _offset_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("8 query/key pairs, d = 8, offset 3", (randn(g, 8, 8), randn(g, 8, 8), 3)),
-        Case("offset -5 (the key 5 positions before the query), d = 16",
-             (randn(g, 6, 16), randn(g, 6, 16), -5)),
+        Case("offset -5 (the key 5 positions before the query), d = 16", (randn(g, 6, 16), randn(g, 6, 16), -5)),
         Case("offset 0: the plain dot product", (randn(g, 4, 8), randn(g, 4, 8), 0)),
         Case("offset 200, base 500, d = 4", (randn(g, 5, 4), randn(g, 5, 4), 200), {"base": 500.0}),
     ]
@@ -154,9 +136,8 @@ def _offset_scores(v: View, query_moves: bool = False) -> torch.Tensor:
     q, k, offset = v.x
     p = torch.full((q.size(0),), 1000)
     base = v.kwargs.get("base", 10000.0)
-    if query_moves:
-        return (reference_rotary(q, p + offset, base) * reference_rotary(k, p, base)).sum(-1)
-    return (reference_rotary(q, p, base) * reference_rotary(k, p + offset, base)).sum(-1)
+    query_at, key_at = (p + offset, p) if query_moves else (p, p + offset)
+    return (reference_rotary(q, query_at, base) * reference_rotary(k, key_at, base)).sum(-1)
 
 
 _OFFSET = Check(
@@ -344,10 +325,6 @@ def _conversion_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _exact(got: Any, wrong: Any) -> bool:
-    return matches(got, wrong, atol=0.0, rtol=0.0)
-
-
 def _conversion_error(v: View) -> tuple[tuple[int, ...], str] | None:
     if not v.data.get("error"):
         return None
@@ -363,7 +340,7 @@ _CONVERSION = Check(
                  dtype=lambda v: v.args[0].dtype),),
     raises=_conversion_error,
     mistakes=mistakes_on(_CONVERSION_MISTAKES, lambda v: v.args),
-    matches=_exact,
+    matches=lambda got, wrong: matches(got, wrong, atol=0.0, rtol=0.0),
 )
 
 

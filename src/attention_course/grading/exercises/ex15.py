@@ -1,15 +1,10 @@
 """Exercise 15, attention at inference scale: the checks behind ``exercises/ex15_attention_at_inference_scale.ipynb``.
 
-The learner writes chapter 15's three pieces: grouped-query attention (query heads in consecutive groups
-sharing one key/value head), the causal sliding-window mask, and the gradients of one tile of
-FlashAttention's backward pass (weights rebuilt from the saved row log-sum-exp, the correction term ``D``).
-
-References are computed in the checking process in float64: PyTorch's
-``F.scaled_dot_product_attention(..., enable_gqa=True)``, the mask by its definition ``0 <= i - j < w``, and
-the tile's gradients by the backward formulas, which a test case with one tile checks against autograd.
-The messages recognise the usual mistakes: ``repeat`` instead of ``repeat_interleave``, no ``1/sqrt(d)``, a
-window one too wide or too narrow, a symmetric window, weights normalised within the tile, a missing ``D``,
-a missing scale on ``dQ`` and ``dK``.
+The learner writes grouped-query attention, the causal sliding-window mask and one tile of FlashAttention's
+backward pass, checked in float64 against ``F.scaled_dot_product_attention(..., enable_gqa=True)``, the mask's
+definition ``0 <= i - j < w`` and the backward formulas (themselves checked against autograd on a one-tile case).
+Mistakes recognised: ``repeat`` for ``repeat_interleave``, no ``1/sqrt(d)``, the mask ignored, a window one off,
+symmetric or complemented, weights normalised within the tile, no ``D``, no scale on ``dQ`` and ``dK``.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.declare import Check, Out, View
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
 
@@ -30,11 +25,9 @@ PREAMBLE = preamble()
 def _gqa_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, q_heads: int, kv_heads: int, q_len: int, k_len: int, d: int,
              mask: torch.Tensor | None = None) -> Case:
-        args = (randn(g, batch, q_heads, q_len, d), randn(g, batch, kv_heads, k_len, d),
-                randn(g, batch, kv_heads, k_len, d))
-        # Only a masked case with groups of several heads over several KV heads tells the known mistakes
-        # (the mask ignored; heads repeated in the wrong order) from the answer: the others must pass for
-        # full marks but earn no credit on their own.
+        args = tuple(randn(g, batch, h, n, d) for h, n in ((q_heads, q_len), (kv_heads, k_len), (kv_heads, k_len)))
+        # Only a masked case with groups of several heads over several KV heads tells the known mistakes from
+        # the answer: the others must pass for full marks but earn no credit on their own.
         credit = mask is not None and 1 < kv_heads < q_heads
         return Case(name, args, {} if mask is None else {"mask": mask}, credit=credit)
 
@@ -52,45 +45,35 @@ def _gqa_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-            scale: float) -> torch.Tensor:
-    scores = query @ key.transpose(-2, -1) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, -math.inf)
+def _by_hand(v: View, interleave: bool = True, scaled: bool = True, masked: bool = True) -> torch.Tensor:
+    """Grouped-query attention written out; the flags give the known mistakes (``repeat`` orders the KV heads
+    0, 1, 0, 1, ... instead of 0, 0, 1, 1, ...)."""
+    query, key, value = v.x
+    group = query.size(1) // key.size(1)
+    key, value = (t.repeat_interleave(group, 1) if interleave else t.repeat(1, group, 1, 1) for t in (key, value))
+    scores = query @ key.transpose(-2, -1) * (query.size(-1) ** -0.5 if scaled else 1.0)
+    if masked and "mask" in v.kwargs:
+        scores = scores.masked_fill(~v.kwargs["mask"], -math.inf)
     return torch.softmax(scores, dim=-1) @ value
-
-
-def _repeated(tensor: torch.Tensor, group: int) -> torch.Tensor:  # the wrong order: heads 0, 1, 0, 1, ...
-    return tensor.repeat(1, group, 1, 1)
-
-
-_GQA_MISTAKES = (
-    Mistake(lambda q, k, v, m, g: _attend(q, _repeated(k, g), _repeated(v, g), m, q.size(-1) ** -0.5),
-            "your query heads read the wrong key/value heads: groups are consecutive, query head h reads KV "
-            "head h // G (copy each KV head G times in a row, as repeat_interleave does; repeat gives the "
-            "order 0, 1, 0, 1, ...)"),
-    Mistake(lambda q, k, v, m, g: _attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), m, 1.0),
-            "divide the scores by sqrt(d)"),
-    Mistake(lambda q, k, v, m, g: _attend(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), None,
-                                          q.size(-1) ** -0.5) if m is not None else None,
-            "your output ignores the mask: masked keys (False) must get zero weight"),
-)
 
 
 _GQA = Check(
     reference=lambda v: F.scaled_dot_product_attention(*v.x, attn_mask=v.kwargs.get("mask"), enable_gqa=True),
     outputs=(Out("output", "F.scaled_dot_product_attention(..., enable_gqa=True)"),),
-    mistakes=mistakes_on(_GQA_MISTAKES, lambda v: (*v.x, v.kwargs.get("mask"), v.args[0].size(1) // v.args[1].size(1))),
+    mistakes=(Mistake(lambda v: _by_hand(v, interleave=False),
+                      "your query heads read the wrong key/value heads: groups are consecutive, query head h reads KV "
+                      "head h // G (copy each KV head G times in a row, as repeat_interleave does; repeat gives the "
+                      "order 0, 1, 0, 1, ...)"),
+              Mistake(lambda v: _by_hand(v, scaled=False), "divide the scores by sqrt(d)"),
+              Mistake(lambda v: _by_hand(v, masked=False) if "mask" in v.kwargs else None,
+                      "your output ignores the mask: masked keys (False) must get zero weight")),
 )
 
 
 # --- part 2: the sliding-window mask ------------------------------------------------------------------------
 def _window_cases(g: torch.Generator) -> list[Case]:
-    def start(high: int) -> int:
-        return int(torch.randint(0, high, (1,), generator=g))
-
-    t = 3 + start(20)  # a decoding step at a random position
-    r = 6 + start(30)  # a rolling cache of 5 positions at a random point of a long sequence
+    t = 3 + int(torch.randint(0, 20, (1,), generator=g))  # a decoding step at a random position
+    r = 6 + int(torch.randint(0, 30, (1,), generator=g))  # a rolling cache of 5 positions, far into a sequence
     square = torch.arange(6)
     return [
         Case("square: positions 0..5, window 3", (square, square, 3)),
@@ -100,8 +83,7 @@ def _window_cases(g: torch.Generator) -> list[Case]:
              (torch.arange(r, r + 3), torch.arange(r - 5, r + 3), 5)),
         Case("window 1: each query sees only itself", (torch.arange(5), torch.arange(5), 1)),
         Case("length 7, window 5", (torch.arange(7), torch.arange(7), 5)),
-        Case("keys in shuffled order, window 3",
-             (torch.arange(6), torch.randperm(6, generator=g), 3)),
+        Case("keys in shuffled order, window 3", (torch.arange(6), torch.randperm(6, generator=g), 3)),
         Case("window longer than the sequence: the causal mask", (torch.arange(4), torch.arange(4), 10)),
     ]
 
@@ -112,12 +94,6 @@ def _window_case(v: View, wider: int = 0, symmetric: bool = False) -> torch.Tens
     offset = query_positions[:, None] - key_positions[None, :]
     offset = offset.abs() if symmetric else offset
     return (offset >= 0) & (offset < window + wider)
-
-
-def _boolean(v: View) -> str | None:
-    dtype = v.got.mask.dtype
-    return None if dtype == torch.bool else Finding(f"the mask must be a bool tensor, got dtype {dtype}",
-                                                    FailureKind.DTYPE)
 
 
 def _wrong_entry(v: View) -> str | None:
@@ -133,7 +109,8 @@ def _wrong_entry(v: View) -> str | None:
 _WINDOW = Check(
     reference=_window_case,
     outputs=(Out("mask", floating=False, finite=False),),
-    properties=(_boolean,),
+    properties=(lambda v: None if v.got.mask.dtype == torch.bool else Finding(
+        f"the mask must be a bool tensor, got dtype {v.got.mask.dtype}", FailureKind.DTYPE),),
     mistakes=(Mistake(lambda v: _window_case(v, wider=1), "your window is one too wide: query i must see keys "
                       "i - w + 1 .. i (w keys, itself included), that is 0 <= i - j < w"),
               Mistake(lambda v: _window_case(v, wider=-1),
@@ -154,8 +131,7 @@ def _tile_cases(g: torch.Generator) -> list[Case]:
         scale = 1 / math.sqrt(d)
         scores = q @ k.transpose(-2, -1) * scale
         lse = torch.logsumexp(scores, dim=-1)  # over ALL keys: the tile sees only some of them
-        out = torch.softmax(scores, dim=-1) @ v
-        delta = (grad_out * out).sum(-1)
+        delta = (grad_out * (torch.softmax(scores, dim=-1) @ v)).sum(-1)
         args = (q[..., rows, :], k[..., cols, :], v[..., cols, :], grad_out[..., rows, :], lse[..., rows],
                 delta[..., rows], scale)
         return Case(name, args, data={"full": (q, k, v, grad_out)} if rows == cols == slice(None) else {})
@@ -181,45 +157,38 @@ def _tile_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: tor
     return factor * grad_scores @ k, factor * grad_scores.transpose(-2, -1) @ q, grad_v
 
 
-_TILE_MISTAKES = (
-    Mistake(lambda *a: _tile_grads(*a, normalise=True),
-            "your weights are normalised within the tile: the tile holds only some of each row's keys, so "
-            "rebuild them as exp(S - lse) with the saved log-sum-exp of the whole row"),
-    Mistake(lambda *a: _tile_grads(*a, use_delta=False),
-            "your dS is P * dP: the softmax's backward pass subtracts D from dP first, dS = P * (dP - D)"),
-    Mistake(lambda *a: _tile_grads(*a, scale_grads=False),
-            "the scores were multiplied by scale, so dQ and dK carry the factor scale as well"),
-)
-
-
 _GRADS = ("grad_query", "grad_key", "grad_value")
+_TILE_MISTAKES = (  # a wrong formula (flags of _tile_grads) and its message, tried on each gradient
+    ({"normalise": True}, "your weights are normalised within the tile: the tile holds only some of each row's "
+     "keys, so rebuild them as exp(S - lse) with the saved log-sum-exp of the whole row"),
+    ({"use_delta": False},
+     "your dS is P * dP: the softmax's backward pass subtracts D from dP first, dS = P * (dP - D)"),
+    ({"scale_grads": False}, "the scores were multiplied by scale, so dQ and dK carry the factor scale as well"),
+)
 
 
 def _autograd_agrees(v: View) -> str | None:
     """With one tile covering everything, the reference formulas must give autograd's gradients."""
     if "full" not in v.data:
         return None
-    full = [t.clone().requires_grad_() for t in v.data["full"][:3]]
-    out = torch.softmax(full[0] @ full[1].transpose(-2, -1) * v.args[-1], -1) @ full[2]
-    out.backward(v.data["full"][3])
-    if all(torch.allclose(getattr(v.want, name), t.grad) for name, t in zip(_GRADS, full)):
+    *inputs, grad_out = v.data["full"]
+    q, k, val = (t.clone().requires_grad_() for t in inputs)
+    (torch.softmax(q @ k.transpose(-2, -1) * v.args[-1], -1) @ val).backward(grad_out)
+    if all(torch.allclose(getattr(v.want, name), t.grad) for name, t in zip(_GRADS, (q, k, val))):
         return None
     return Finding("internal error: the reference gradients disagree with autograd; please report it",
                    FailureKind.OTHER)  # pragma: no cover
-
-
-def _unscaled(name: str) -> Mistake:
-    return Mistake(lambda v: getattr(v.want, name) / v.args[-1], f"your {name} lacks the factor scale: the scores "
-                   "were multiplied by scale, so dQ and dK carry it as well", on=name)
 
 
 _TILE = Check(
     reference=lambda v: _tile_grads(*v.args),
     outputs=tuple(Out(name, "the backward formulas for this tile", atol=1e-6, rtol=1e-5) for name in _GRADS),
     before=(_autograd_agrees,),
-    mistakes=(_unscaled("grad_query"), _unscaled("grad_key"),
-              *(Mistake(lambda v, m=m, i=i: m.variant(*v.args)[i], m.message, on=name)
-                for m in _TILE_MISTAKES for i, name in enumerate(_GRADS))),
+    mistakes=(*(Mistake(lambda v, name=name: getattr(v.want, name) / v.args[-1], f"your {name} lacks the factor "
+                        "scale: the scores were multiplied by scale, so dQ and dK carry it as well", on=name)
+                for name in ("grad_query", "grad_key")),
+              *(Mistake(lambda v, flags=flags, i=i: _tile_grads(*v.args, **flags)[i], message, on=name)
+                for flags, message in _TILE_MISTAKES for i, name in enumerate(_GRADS))),
 )
 
 

@@ -1,15 +1,10 @@
 """Exercise 16, what heads learn: the checks behind ``exercises/ex16_what_heads_learn.ipynb``.
 
-The learner builds chapter 16's three measuring tools: the batch of repeated random tokens on which induction
-heads show themselves, the induction score of every head from its attention weights and the tokens, and the
-change in loss when one head of a one-layer attention-only model is knocked out (zero ablation).
-
-References come from the library (:func:`attention_course.interpretability.repeated_random_tokens`,
-:func:`attention_course.interpretability.induction_score`) and, for the ablation, from a float64 forward pass
-written here. The specific messages recognise the usual mistakes: halves that do not repeat, tokens not drawn
-as specified, the earlier occurrence itself taken as the induction target (one key too early), queries scored
-that have no earlier occurrence (or only the first half scored), and an ablation that changes the head's
-scores or weights before the softmax, which renormalises them into a uniform average instead of silencing it.
+The learner builds a batch of repeated random tokens, the induction score of every head, and the loss change
+when one head of a one-layer attention-only model is zero-ablated. References: the library's
+``repeated_random_tokens`` and ``induction_score``, and a float64 forward pass written here. Mistakes recognised:
+halves that do not repeat, tokens not drawn as specified, the earlier occurrence itself as the target, queries
+scored that have no earlier occurrence (or only the first half), an ablation before the softmax, a wrong sign.
 """
 
 from __future__ import annotations
@@ -19,9 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attention_course.grading.compare import (
-    f64,
-)
+from attention_course.grading.compare import f64
 from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
@@ -97,34 +90,30 @@ def _induction_pattern(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _induction_cases(g: torch.Generator) -> list[Case]:
-    def repeated(batch: int, half: int, vocab: int) -> torch.Tensor:
-        return reference_repeated(batch, half, vocab, g)
-
-    few_types = repeated(2, 8, 4)  # many accidental repeats in the first half
+    few_types = reference_repeated(2, 8, 4, g)  # many accidental repeats in the first half
     perfect_tokens = torch.stack([torch.randperm(30, generator=g)[:6] for _ in range(3)]).repeat(1, 2)
     text_like = torch.randint(0, 6, (2, 12), generator=g)  # not a repeated sequence: repeats anywhere
     return [
         Case("3 sequences of 2 x 6 distinct tokens: a perfect induction head, a head on the earlier occurrence, "
              "a head on the diagonal", (_induction_pattern(perfect_tokens), perfect_tokens)),
         Case("random causal weights (2, 4, 16, 16), repeated sequences of 16 token types",
-             (_causal_weights(g, 2, 4, 16), repeated(2, 8, 16))),
+             (_causal_weights(g, 2, 4, 16), reference_repeated(2, 8, 16, g))),
         Case("random causal weights (2, 3, 16, 16), repeated sequences of 4 token types (repeats in both halves)",
              (_causal_weights(g, 2, 3, 16), few_types)),
         Case("random causal weights (2, 2, 12, 12), tokens not repeated as halves (6 token types)",
              (_causal_weights(g, 2, 2, 12), text_like)),
         Case("random causal weights (1, 2, 10, 10) in float64, repeated sequences of 50 token types",
-             (_causal_weights(g, 1, 2, 10).double(), repeated(1, 5, 50))),
+             (_causal_weights(g, 1, 2, 10).double(), reference_repeated(1, 5, 50, g))),
     ]
 
 
 def _targets(tokens: torch.Tensor, shift: int) -> torch.Tensor:
     """(B, L, L) bool: key j + shift for every earlier occurrence j of query i's token."""
-    length = tokens.size(1)
-    positions = torch.arange(length)
+    positions = torch.arange(tokens.size(1))
     earlier = (tokens[:, :, None] == tokens[:, None, :]) & (positions[None, :] < positions[:, None])
-    targets = torch.zeros_like(earlier)
     if shift == 0:
         return earlier
+    targets = torch.zeros_like(earlier)
     targets[:, :, 1:] = earlier[:, :, :-1]
     return targets
 
@@ -134,12 +123,6 @@ def _score(weights: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor) -
     return (on_targets * scored[:, None].double()).sum(dim=(0, 2)) / scored.sum().clamp(min=1)
 
 
-def _first_half_only(weights: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    length = tokens.size(1)
-    first = (torch.arange(length) < length // 2)[None].expand_as(tokens)
-    return _score(weights, _targets(tokens, 1), first)
-
-
 INDUCTION_MISTAKES = (
     Mistake(lambda w, t: _score(w, _targets(t, 0), _targets(t, 0).any(-1)),
             "you measured the attention on the earlier occurrence of the token itself (key j): the induction "
@@ -147,7 +130,7 @@ INDUCTION_MISTAKES = (
     Mistake(lambda w, t: _score(w, _targets(t, 1), torch.ones_like(t, dtype=torch.bool)),
             "you averaged over every query: only queries whose token occurred earlier have an induction target, "
             "and only they count"),
-    Mistake(_first_half_only,
+    Mistake(lambda w, t: _score(w, _targets(t, 1), (torch.arange(t.size(1)) < t.size(1) // 2)[None].expand_as(t)),
             "you scored the queries of the first half: the induction targets are those of the queries whose "
             "token occurred before (on a repeated sequence, the second half)"),
 )
@@ -161,24 +144,21 @@ _INDUCTION = Check(
 
 
 # --- part 3: an ablation's loss change -----------------------------------------------------------------------
-def _model_inputs(g: torch.Generator, batch: int, length: int, d_model: int, heads: int,
-                  vocab: int) -> tuple[torch.Tensor, ...]:
-    d_head = d_model // heads
-    x = randn(g, batch, length, d_model)
-    w_q, w_k, w_v = (randn(g, heads, d_model, d_head, scale=d_model ** -0.5 * 2) for _ in range(3))
-    w_o = randn(g, heads, d_head, d_model, scale=d_head ** -0.5)
-    w_u = randn(g, d_model, vocab, scale=d_model ** -0.5 * 2)
-    tokens = torch.randint(0, vocab, (batch, length), generator=g)
-    return x, w_q, w_k, w_v, w_o, w_u, tokens
-
-
 def _ablation_cases(g: torch.Generator) -> list[Case]:
+    def case(name: str, batch: int, length: int, d_model: int, heads: int, vocab: int, head: int) -> Case:
+        d_head = d_model // heads
+        x = randn(g, batch, length, d_model)
+        w_q, w_k, w_v = (randn(g, heads, d_model, d_head, scale=d_model ** -0.5 * 2) for _ in range(3))
+        w_o = randn(g, heads, d_head, d_model, scale=d_head ** -0.5)
+        w_u = randn(g, d_model, vocab, scale=d_model ** -0.5 * 2)
+        tokens = torch.randint(0, vocab, (batch, length), generator=g)
+        return Case(name, (x, w_q, w_k, w_v, w_o, w_u, tokens, head))
+
     return [
-        Case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 0", (*_model_inputs(g, 2, 6, 8, 2, 5), 0)),
-        Case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 1", (*_model_inputs(g, 2, 6, 8, 2, 5), 1)),
-        Case("3 sequences of 9, d_model 12, 4 heads, 7 tokens: ablate head 2", (*_model_inputs(g, 3, 9, 12, 4, 7), 2)),
-        Case("1 sequence of 2 (one prediction), d_model 4, 1 head, 3 tokens: ablate head 0",
-             (*_model_inputs(g, 1, 2, 4, 1, 3), 0)),
+        case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 0", 2, 6, 8, 2, 5, 0),
+        case("2 sequences of 6, d_model 8, 2 heads, 5 tokens: ablate head 1", 2, 6, 8, 2, 5, 1),
+        case("3 sequences of 9, d_model 12, 4 heads, 7 tokens: ablate head 2", 3, 9, 12, 4, 7, 2),
+        case("1 sequence of 2 (one prediction), d_model 4, 1 head, 3 tokens: ablate head 0", 1, 2, 4, 1, 3, 0),
     ]
 
 
@@ -186,19 +166,14 @@ def _logits(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Te
             w_u: torch.Tensor, head: int | None, how: str = "output") -> torch.Tensor:
     """A one-layer attention-only model in float64; ``how`` says where head ``head`` is ablated."""
     x, w_q, w_k, w_v, w_o, w_u = map(f64, (x, w_q, w_k, w_v, w_o, w_u))
-    q = torch.einsum("bld,hde->bhle", x, w_q)
-    k = torch.einsum("bld,hde->bhle", x, w_k)
-    v = torch.einsum("bld,hde->bhle", x, w_v)
-    length = x.size(1)
+    q, k, v = (torch.einsum("bld,hde->bhle", x, w) for w in (w_q, w_k, w_v))
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, L, L)
     if head is not None and how == "scores":
-        scores = scores.clone()
         scores[:, head] = 0.0
-    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = torch.ones(x.size(1), x.size(1), dtype=torch.bool).tril()
     weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     outputs = weights @ v  # (B, H, L, d_head)
     if head is not None and how == "output":
-        outputs = outputs.clone()
         outputs[:, head] = 0.0
     residual = x + torch.einsum("bhle,hed->bld", outputs, w_o)
     return residual @ w_u  # (B, L, V)
@@ -215,20 +190,15 @@ def _change(case_args: tuple, how: str = "output", sign: float = 1.0) -> float:
     return sign * (ablated - clean)
 
 
-ABLATION_MISTAKES = (
-    Mistake(lambda args: _change(args, how="scores"),
-            "your ablated head still writes: you changed its scores (or weights) before the softmax, which "
-            "renormalises them into an average of the values; zero the head's output (weights @ values) instead"),
-    Mistake(lambda args: _change(args, sign=-1.0),
-            "your change has the wrong sign: return the ablated loss minus the clean loss (positive when the "
-            "head helped)"),
-)
-
-
 _ABLATION = Check(
     reference=lambda v: torch.tensor(_change(v.args), dtype=torch.float64),
     outputs=(Out("loss change", "the ablated loss minus the clean loss", scalar=True),),
-    mistakes=(*mistakes_on(ABLATION_MISTAKES, lambda v: (v.args,)),
+    mistakes=(Mistake(lambda v: _change(v.args, how="scores"),
+                      "your ablated head still writes: you changed its scores (or weights) before the softmax, which "
+                      "renormalises them into an average of the values; zero the head's output (weights @ values) "
+                      "instead"),
+              Mistake(lambda v: _change(v.args, sign=-1.0), "your change has the wrong sign: return the ablated loss "
+                      "minus the clean loss (positive when the head helped)"),
               Mistake(lambda v: torch.zeros((), dtype=torch.float64),
                       "your loss change is 0: the ablation did not change the model's output")),
     matches=lambda got, wrong: math.isclose(float(got), float(wrong), rel_tol=1e-4, abs_tol=1e-5),

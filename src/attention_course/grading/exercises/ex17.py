@@ -1,16 +1,10 @@
 """Exercise 17, serving attention: the checks behind ``exercises/ex17_serving_attention.ipynb``.
 
-The learner writes three pieces of chapter 17: the block-table lookup of a paged KV cache (token positions
-to physical blocks and slots), the verification step of speculative decoding (how many draft tokens the
-target accepts, and the distribution the next token is drawn from: the normalised residual
-``max(0, p - q)`` after a rejection, the target's own distribution after a fully accepted draft), and the
-arithmetic intensity of one decoding step (FLOPs per byte moved).
-
-References are computed in the checking process from the definitions, in float64. The messages recognise
-the usual mistakes: an offset one slot off, the logical block index returned instead of the physical block,
-accepting whenever the draft token is likely without the ratio ``p/q``, drawing the replacement from the
-target instead of the residual, a missing factor 2 for keys and values, a cache read once for the whole
-batch, weights read once per sequence.
+The learner writes the block-table lookup of a paged KV cache, the verification step of speculative decoding
+(the draft tokens accepted, and the distribution the next token is drawn from) and the arithmetic intensity of
+a decoding step, checked against their definitions in float64. Mistakes recognised: an offset one slot off, the
+logical block for the physical one, accepting without the ratio ``p/q``, the replacement drawn from the target
+instead of the residual, no factor 2 for keys and values, one cache for the batch, weights read per sequence.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 import torch
 
 from attention_course.grading.compare import matches
-from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.declare import Check, Out, View
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, with_texts
 
 PREAMBLE = preamble()
@@ -31,24 +25,19 @@ def _lookup_cases(g: torch.Generator) -> list[Case]:
     def table(blocks: int, pool: int) -> torch.Tensor:
         return torch.randperm(pool, generator=g)[:blocks]  # physical blocks in no particular order
 
-    def positions(length: int, count: int) -> torch.Tensor:
-        return torch.randint(0, length, (count,), generator=g)
-
     return [
-        Case("block size 4, a table of 3 blocks, positions 0..11 in order",
-             (torch.arange(12), table(3, 10), 4)),
-        Case("block size 16, a table of 5 blocks, 20 random positions", (positions(80, 20), table(5, 32), 16)),
+        Case("block size 4, a table of 3 blocks, positions 0..11 in order", (torch.arange(12), table(3, 10), 4)),
+        Case("block size 16, a table of 5 blocks, 20 random positions",
+             (torch.randint(0, 80, (20,), generator=g), table(5, 32), 16)),
         Case("block size 2, positions 0..5", (torch.arange(6), table(3, 9), 2)),
-        Case("block size 8, the last slot of each block (7, 15, 23)",
-             (torch.tensor([7, 15, 23]), table(3, 12), 8)),
+        Case("block size 8, the last slot of each block (7, 15, 23)", (torch.tensor([7, 15, 23]), table(3, 12), 8)),
         Case("block size 3, positions out of order", (torch.tensor([8, 0, 5, 3, 6]), table(3, 7), 3)),
     ]
 
 
-def _lookup(positions: torch.Tensor, block_table: torch.Tensor, block_size: int,
-            shift: int = 0, logical: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    index = (positions + shift) // block_size
-    index = index.clamp(max=block_table.numel() - 1)
+def _lookup(positions: torch.Tensor, block_table: torch.Tensor, block_size: int, shift: int = 0,
+            logical: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    index = ((positions + shift) // block_size).clamp(max=block_table.numel() - 1)
     offsets = (positions + shift) % block_size
     return (index if logical else block_table[index]), offsets
 
@@ -61,49 +50,42 @@ def _lookup_mistake(message: str, **wrong: Any) -> Mistake:
     return Mistake(variant, message, on="blocks")
 
 
-_ONE_SLOT_OFF = ("your offsets (and blocks) are one slot off: token p sits at slot p % block_size of entry "
-                 "p // block_size, counting from 0")
-
-
-def _wrong_offset(v: View) -> str | None:
-    """Right blocks, a wrong offset: the first position whose offset is wrong."""
-    if not torch.equal(v.got.blocks.long(), v.want.blocks) or torch.equal(v.got.offsets.long(), v.want.offsets):
-        return None
-    i = int((v.got.offsets.long() != v.want.offsets).nonzero()[0])
-    return (f"position {int(v.args[0][i])}: your offset is {int(v.got.offsets[i])}, expected "
-            f"{int(v.want.offsets[i])} (position % block_size with block_size {v.args[2]})")
-
-
-def _wrong_block(v: View) -> str | None:
+def _first_wrong(v: View) -> str | None:
+    """The first position whose block (else whose offset) is wrong, and where the right one comes from."""
     positions, block_table, block_size = v.args
-    if torch.equal(v.got.blocks.long(), v.want.blocks):
+    wrong_blocks = v.got.blocks.long() != v.want.blocks
+    wrong = wrong_blocks if wrong_blocks.any() else v.got.offsets.long() != v.want.offsets
+    if not wrong.any():
         return None
-    i = int((v.got.blocks.long() != v.want.blocks).nonzero()[0])
-    return (f"position {int(positions[i])}: your block is {int(v.got.blocks[i])}, expected {int(v.want.blocks[i])} "
-            f"(entry {int(positions[i]) // block_size} of the table {block_table.tolist()})")
+    i = int(wrong.nonzero()[0])
+    position = int(positions[i])
+    if wrong_blocks.any():
+        return (f"position {position}: your block is {int(v.got.blocks[i])}, expected {int(v.want.blocks[i])} "
+                f"(entry {position // block_size} of the table {block_table.tolist()})")
+    return (f"position {position}: your offset is {int(v.got.offsets[i])}, expected {int(v.want.offsets[i])} "
+            f"(position % block_size with block_size {block_size})")
 
 
 _LOCATE = Check(
     reference=lambda v: _lookup(*v.args),
     outputs=(Out("blocks", floating=False, finite=False), Out("offsets", floating=False, finite=False)),
-    mistakes=(_lookup_mistake(_ONE_SLOT_OFF, shift=1), _lookup_mistake(_ONE_SLOT_OFF, shift=-1),
+    mistakes=(*(_lookup_mistake("your offsets (and blocks) are one slot off: token p sits at slot p % block_size of "
+                                "entry p // block_size, counting from 0", shift=shift) for shift in (1, -1)),
               _lookup_mistake("you returned the entry of the table (p // block_size), not the physical block stored "
                               "there: look it up in block_table", logical=True)),
     matches=lambda got, wrong: torch.equal(got.long(), wrong),
-    explain=(_wrong_offset, _wrong_block),
+    explain=(_first_wrong,),
 )
 
 
 # --- part 2: verifying a draft ------------------------------------------------------------------------------
-def _distributions(g: torch.Generator, rows: int, vocab: int, sharpness: float = 2.0) -> torch.Tensor:
-    return torch.softmax(sharpness * torch.randn(rows, vocab, generator=g, dtype=torch.float64), dim=-1)
-
-
 def _verify_cases(g: torch.Generator) -> list[Case]:
-    def case(name: str, k: int, vocab: int, uniforms: torch.Tensor | None = None,
-             same: bool = False) -> Case:
-        p_target = _distributions(g, k + 1, vocab)
-        p_draft = p_target[:k].clone() if same else _distributions(g, k, vocab)
+    def distributions(rows: int, vocab: int) -> torch.Tensor:
+        return torch.softmax(2.0 * torch.randn(rows, vocab, generator=g, dtype=torch.float64), dim=-1)
+
+    def case(name: str, k: int, vocab: int, uniforms: torch.Tensor | None = None, same: bool = False) -> Case:
+        p_target = distributions(k + 1, vocab)
+        p_draft = p_target[:k].clone() if same else distributions(k, vocab)
         draft = torch.multinomial(p_draft, 1, generator=g)[:, 0]
         if uniforms is None:
             uniforms = torch.rand(k, generator=g, dtype=torch.float64)
@@ -112,13 +94,11 @@ def _verify_cases(g: torch.Generator) -> list[Case]:
     # A draft token the draft likes more than the target, with u above the ratio: it must be rejected.
     p_target = torch.tensor([[0.10, 0.60, 0.30], [0.20, 0.30, 0.50]], dtype=torch.float64)
     p_draft = torch.tensor([[0.50, 0.25, 0.25]], dtype=torch.float64)
-    unlikely = Case("one draft token with p_target 0.1 < p_draft 0.5 and u = 0.4 (> 0.1 / 0.5)",
-                    (torch.tensor([0]), p_target, p_draft, torch.tensor([0.4], dtype=torch.float64)))
-    lucky = Case("the same token with u = 0.15 (< 0.1 / 0.5 = 0.2)",
-                 (torch.tensor([0]), p_target, p_draft, torch.tensor([0.15], dtype=torch.float64)))
     return [
-        unlikely,
-        lucky,
+        Case("one draft token with p_target 0.1 < p_draft 0.5 and u = 0.4 (> 0.1 / 0.5)",
+             (torch.tensor([0]), p_target, p_draft, torch.tensor([0.4], dtype=torch.float64))),
+        Case("the same token with u = 0.15 (< 0.1 / 0.5 = 0.2)",
+             (torch.tensor([0]), p_target, p_draft, torch.tensor([0.15], dtype=torch.float64))),
         case("4 draft tokens, vocabulary 6, random u", 4, 6),
         case("3 draft tokens, vocabulary 10, u = 0.99 (rejects whenever p < q)", 3, 10,
              torch.full((3,), 0.99, dtype=torch.float64)),
@@ -179,19 +159,15 @@ def _intensity_cases(g: torch.Generator) -> list[Case]:
     def contexts(batch: int, low: int, high: int) -> torch.Tensor:
         return torch.randint(low, high + 1, (batch,), generator=g)
 
-    def case(name: str, num_params: int, num_layers: int, d_model: int, d_kv: int, lengths: torch.Tensor,
-             bytes_per_value: int) -> Case:
-        return Case(name, (num_params, num_layers, d_model, d_kv, lengths, bytes_per_value))
-
-    seven_b = (6_700_000_000, 32, 4096)
-    return [
-        case("chapter 13's model: 4 sequences of 8 to 32 positions, float32", 80_000, 2, 48, 48,
-             contexts(4, 8, 32), 4),
-        case("a 7B model, multi-head, 16 sequences of 1,000 to 4,000 positions, 16-bit", *seven_b, 4096,
-             contexts(16, 1000, 4000), 2),
-        case("a 7B model with 8 KV heads (d_kv = 1024), 64 sequences", *seven_b, 1024, contexts(64, 100, 8000), 2),
-        case("12 layers of width 256, 7 sequences, float32", 10_000_000, 12, 256, 128, contexts(7, 1, 3000), 4),
-        case("2 sequences of one position each", 80_000, 2, 48, 48, torch.ones(2, dtype=torch.long), 4),
+    seven_b = (6_700_000_000, 32, 4096)  # (num_params, num_layers, d_model) of a 7B model
+    return [  # (num_params, num_layers, d_model, d_kv, contexts, bytes_per_value)
+        Case("chapter 13's model: 4 sequences of 8 to 32 positions, float32",
+             (80_000, 2, 48, 48, contexts(4, 8, 32), 4)),
+        Case("a 7B model, multi-head, 16 sequences of 1,000 to 4,000 positions, 16-bit",
+             (*seven_b, 4096, contexts(16, 1000, 4000), 2)),
+        Case("a 7B model with 8 KV heads (d_kv = 1024), 64 sequences", (*seven_b, 1024, contexts(64, 100, 8000), 2)),
+        Case("12 layers of width 256, 7 sequences, float32", (10_000_000, 12, 256, 128, contexts(7, 1, 3000), 4)),
+        Case("2 sequences of one position each", (80_000, 2, 48, 48, torch.ones(2, dtype=torch.long), 4)),
     ]
 
 
@@ -210,22 +186,15 @@ def _ratio_matches(actual: Any, expected: float) -> bool:
     return abs(float(actual) / expected - 1) < 1e-6
 
 
-_INTENSITY_MISTAKES = (
-    Mistake(lambda *a: _intensity(*a, kv=1),
-            "the cache holds keys AND values: 2 * layers * d_kv numbers per cached position"),
-    Mistake(lambda *a: _intensity(*a, cache_per_sequence=False),
-            "each sequence reads its own cache: the cache traffic is the sum over the sequences (only the "
-            "weights are shared)"),
-    Mistake(lambda *a: _intensity(*a, weights_per_sequence=True),
-            "the weights are read once per step for the whole batch, not once per sequence: that sharing is "
-            "what batching buys"),
-)
-
-
 _INTENSITY = Check(
     reference=lambda v: torch.tensor(_intensity(*v.args), dtype=torch.float64),
     outputs=(Out("intensity", scalar=True),),
-    mistakes=mistakes_on(_INTENSITY_MISTAKES, lambda v: v.args),
+    mistakes=(Mistake(lambda v: _intensity(*v.args, kv=1),
+                      "the cache holds keys AND values: 2 * layers * d_kv numbers per cached position"),
+              Mistake(lambda v: _intensity(*v.args, cache_per_sequence=False), "each sequence reads its own cache: "
+                      "the cache traffic is the sum over the sequences (only the weights are shared)"),
+              Mistake(lambda v: _intensity(*v.args, weights_per_sequence=True), "the weights are read once per step "
+                      "for the whole batch, not once per sequence: that sharing is what batching buys")),
     matches=_ratio_matches,
     explain=(lambda v: None if _ratio_matches(v.got.intensity, float(v.want.intensity)) else
              f"your intensity is {float(v.got.intensity):.6g} FLOP/byte, expected {float(v.want.intensity):.6g}",),
