@@ -164,6 +164,20 @@ def test_a_declared_check_says_why_a_case_failed(answer, kind):
     assert verdict.kind is kind, verdict
 
 
+def test_a_mistake_the_right_answer_also_matches_is_never_named():
+    """On a case where a known mistake gives the right answer (here: a scale of 1), an answer just outside the
+    output's tolerance is a plain mismatch, not that mistake; where the mistake differs it is still named."""
+    check = Check(reference=lambda v: v.kwargs["scale"] * v.x[0], outputs=(Out("output", "scale x", atol=1e-7,
+                                                                               rtol=1e-7),),
+                  mistakes=(Mistake(lambda v: v.x[0], "you forgot the scale"),))
+    x = torch.arange(1.0, 7.0).reshape(3, 2)
+    unscaled, scaled = Case("c", (x,), {"scale": 1.0}), Case("c", (x,), {"scale": 3.0})
+    nearly = x + 1e-6  # within the mistakes' matching tolerance, outside the output's
+    assert kind_of(check(unscaled, nearly)) is FailureKind.MISMATCH
+    assert "forgot the scale" not in check(unscaled, nearly)
+    assert kind_of(check(scaled, x)) is FailureKind.KNOWN_MISTAKE and "forgot the scale" in check(scaled, x)
+
+
 def test_second_run_judges_the_first_output_and_sets_the_second_aside():
     def reordered(v):  # the second run (if any) saw the rows in reverse order
         return None if v.extra is None or torch.equal(v.extra, v.got.output.flip(0)) else "not reordered"

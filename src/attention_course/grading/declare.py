@@ -308,7 +308,7 @@ class Check:
             if self._close(view, out, got, want):
                 continue
             mistakes = [m for m in self.mistakes if (m.on or self.outputs[0].name) == out.name]
-            problem = diagnose(mistakes, got, view, matches=self.matches)
+            problem = diagnose(mistakes, got, view, matches=self.matches, right=want)
             if problem:
                 return problem
         return None

@@ -397,15 +397,17 @@ class Mistake:
 
 
 def diagnose(mistakes: Sequence[Mistake], output: Any, *inputs: Any,
-             matches: Callable[[Any, Any], bool] | None = None) -> str | None:
-    """The message of the first mistake whose variant ``output`` matches (``None`` when none does)."""
+             matches: Callable[[Any, Any], bool] | None = None, right: Any = None) -> str | None:
+    """The message of the first mistake whose variant ``output`` matches (``None`` when none does). With
+    ``right`` (the expected output), a variant that the right answer matches too is passed over: on these
+    inputs that mistake cannot be told apart, and naming it would blame a learner for it wrongly."""
     from attention_course.grading.compare import matches as default_matches
 
     same = matches or default_matches
     for mistake in mistakes:
         try:
             wrong = mistake.variant(*inputs)
-            if wrong is None or not same(output, wrong):
+            if wrong is None or not same(output, wrong) or (right is not None and same(right, wrong)):
                 continue
         except Exception:  # a variant that does not apply to these inputs
             continue
