@@ -287,3 +287,31 @@ def test_an_input_changed_in_place_fails_the_case_and_is_named():
 
     text = run_check(Checker(get_exercise("ex05"), seed=0, isolated=False), "masked_softmax", masked)
     assert "changed its input `mask` in place" in text
+
+
+def test_the_memory_case_measures_the_call_whatever_the_process_did_before():
+    """ex11's memory cases must see a full score matrix and must not blame a tiled loop, even after the
+    process freed large blocks (glibc then serves allocations from resident free pages, and a forked child
+    inherits its parent's peak resident set)."""
+    from attention_course.grading.exercises.ex11 import MEMORY_ALLOWANCE
+    from attention_course.tiled import tiled_attention
+
+    def full_matrix(query, key, value, block):
+        return torch.softmax(query @ key.transpose(-2, -1) / query.shape[-1] ** 0.5, dim=-1) @ value
+
+    def tiles(query, key, value, block):
+        return tiled_attention(query, key, value, block_size=block)
+
+    part = get_exercise("ex11").part("tiled_attention")
+    cases = [c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.data.get("memory")]
+    assert len(cases) == 2
+    kept = []
+    for case in cases:
+        big = torch.ones(40 << 20, dtype=torch.uint8)  # the peak, and glibc's mmap threshold, go up
+        del big
+        freed = [torch.ones(10 << 20, dtype=torch.uint8) for _ in range(6)]  # from the heap now
+        kept.append(torch.ones(1 << 20, dtype=torch.uint8))  # above them: the heap keeps their pages
+        del freed
+        full_matrix_bytes = case.args[0].shape[-2] * case.args[1].shape[-2] * 4
+        assert part.run(full_matrix, case)[1] >= full_matrix_bytes, case.name
+        assert part.run(tiles, case)[1] <= MEMORY_ALLOWANCE, case.name

@@ -10,6 +10,7 @@ the score matrix's memory, a call to an attention kernel.
 from __future__ import annotations
 
 import builtins
+import ctypes
 import io
 import math
 import os
@@ -249,6 +250,43 @@ _ATTENTION_KERNELS = ("scaled_dot_product", "flash_attention", "efficient_attent
 
 # The worker's own references, taken when the module is imported (before any learner code could replace them).
 _open, _save, _load = open, torch.save, torch.load
+try:
+    _LIBC = ctypes.CDLL(None)
+    _mallopt, _malloc_trim, _prctl = _LIBC.mallopt, _LIBC.malloc_trim, _LIBC.prctl
+except (OSError, AttributeError):  # pragma: no cover - not glibc
+    _mallopt = _malloc_trim = _prctl = None
+_M_MMAP_THRESHOLD, _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = -3, 3, 4  # glibc's mallopt and Linux's prctl options
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak resident set (``VmHWM``) to its resident set now (Linux 4.0 and later). The
+    worker is not dumpable, which gives its ``/proc/self`` files to root: it is made dumpable for the one
+    write (this forked child runs the learner's code in any case) and then set back."""
+    dumpable = _prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) if _prctl is not None else 1
+    try:
+        if not dumpable:
+            _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+        with _open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:  # pragma: no cover - a /proc that refuses the write
+        return False
+    finally:
+        if not dumpable:
+            _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _memory_baseline() -> int:
+    """The resident memory to measure the call's peak from, once every allocation the call makes will show:
+    the heap gives back the free pages it keeps, and glibc stops raising its mmap threshold (after a large
+    block is freed it serves blocks up to that size from the heap, where earlier work left free pages that
+    are already resident: a full score matrix could fit in them and add nothing). The peak (``VmHWM``), which
+    a forked child inherits from its parent, is then reset to the current resident set; where it cannot be,
+    the baseline is that peak, so that only memory above it counts."""
+    if _mallopt is not None:
+        _mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        _malloc_trim(0)
+    return _memory_status()["VmRSS" if _reset_peak() else "VmHWM"]
 
 
 def _memory_status() -> dict[str, int]:
@@ -276,9 +314,9 @@ class _RefuseAttentionCalls(TorchFunctionMode):
 
 def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
     """Call the learner's function in a forked child of this process and return its output and the most
-    memory the call added to the process (its peak resident set above the resident set before; numbers,
-    tensors and NumPy arrays alike): the child starts with the parent's pages, so its peak counts only what
-    the call allocates. A small call first loads whatever code the function needs."""
+    memory the call added to the process (its peak resident set above the baseline of
+    :func:`_memory_baseline`; numbers, tensors and NumPy arrays alike). A small call first loads whatever code
+    the function needs."""
     small = Case("warm-up", (case.args[0][:8], case.args[1][:8], case.args[2][:8], case.args[3]))
     obj = unwatched(obj)  # the input watch's copies would count as the call's memory (other cases are watched)
     read_end, write_end = os.pipe()
@@ -291,7 +329,7 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
             torch.set_num_threads(1)
             with _RefuseAttentionCalls():
                 call_function(obj, small)
-                before = _memory_status()["VmRSS"]
+                before = _memory_baseline()
                 output = call_function(obj, case)
             added = _memory_status()["VmHWM"] - before
             buffer = io.BytesIO()
