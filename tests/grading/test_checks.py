@@ -315,3 +315,22 @@ def test_the_memory_case_measures_the_call_whatever_the_process_did_before():
         full_matrix_bytes = case.args[0].shape[-2] * case.args[1].shape[-2] * 4
         assert part.run(full_matrix, case)[1] >= full_matrix_bytes, case.name
         assert part.run(tiles, case)[1] <= MEMORY_ALLOWANCE, case.name
+
+
+@pytest.mark.parametrize(("name", "other", "source"), [
+    ("W_q", "W_k", "in_proj_weight"), ("b_k", "b_v", "in_proj_bias"), ("W_q", "W_o", "out_proj"),
+    ("b_o", "b_q", "out_proj"),
+])
+def test_a_parameter_holding_another_names_where_each_comes_from(name, other, source):
+    part = get_exercise("ex06").part("params_from_torch")
+    case = part.make_cases(torch.Generator().manual_seed(0))[0]
+    module = torch.nn.MultiheadAttention(case.data["d_model"], case.data["num_heads"], batch_first=True)
+    module.load_state_dict(dict(zip(case.data["names"], case.args)))
+    right = {"W_o": module.out_proj.weight.T, "b_o": module.out_proj.bias}
+    for i, block in enumerate("qkv"):
+        right[f"W_{block}"] = module.in_proj_weight.chunk(3)[i].T
+        right[f"b_{block}"] = module.in_proj_bias.chunk(3)[i]
+    right = {key: value.detach() for key, value in right.items()}
+    assert part.verify(case, right) is None
+    message = part.verify(case, {**right, name: right[other]})
+    assert message.startswith(f"your {name} holds {other}: ") and source in message, message

@@ -69,6 +69,8 @@ def test_mutant_loses_the_marks_of_its_part(graded, mutant):
     assert any(not case["passed"] for case in part["cases"]) or not part["cases"]
     assert entry["score"] < entry["max_score"]
     assert "Traceback" not in part["message"]
+    # Every failure says why in a kind of its own (the class summary counts them): none is left untyped.
+    assert [case for case in part["cases"] if case["kind"] == "other"] == [], part
 
 
 #: The failure kind the grader's JSON gives a few representative mutants' parts (the cause apart from the message):

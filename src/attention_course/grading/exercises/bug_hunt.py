@@ -258,20 +258,22 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
     if not case.kwargs["training"] or p == 0.0:
         return close_problem(out, x, "your output", "the input (dropout must change nothing here)", atol=0.0, rtol=1e-6)
     if p == 1.0:
-        return None if bool((out == 0).all()) else "with p = 1 every entry must be zero"
+        return None if bool((out == 0).all()) else Finding("with p = 1 every entry must be zero", FailureKind.MISMATCH)
     kept = out != 0
     scale = 1.0 / (1.0 - p)
     ratio = out[kept] / x[kept]
     if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-4):
-        return (f"surviving entries must be scaled by 1/(1 - p) = {fmt(scale)} so that the expected value is "
-                f"unchanged; yours are scaled by {fmt(float(ratio.mean()))}")
+        return Finding(f"surviving entries must be scaled by 1/(1 - p) = {fmt(scale)} so that the expected value is "
+                       f"unchanged; yours are scaled by {fmt(float(ratio.mean()))}", FailureKind.PROPERTY)
     dropped = 1.0 - float(kept.double().mean())
     tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
     if abs(dropped - p) > tolerance:
-        return f"about {fmt(100 * p)}% of entries should be zero, but you zeroed {fmt(100 * dropped)}%"
+        return Finding(f"about {fmt(100 * p)}% of entries should be zero, but you zeroed {fmt(100 * dropped)}%",
+                       FailureKind.PROPERTY)
     second = output[1] if isinstance(output, tuple) else None
     if tensor_problem(second, "your second output", x.shape) is None and torch.equal(second != 0, kept):
-        return "two calls dropped exactly the same entries: the mask must be drawn at random on every call"
+        return Finding("two calls dropped exactly the same entries: the mask must be drawn at random on every call",
+                       FailureKind.PROPERTY)
     return None
 
 

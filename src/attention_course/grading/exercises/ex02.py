@@ -16,6 +16,7 @@ import torch
 
 from attention_course.grading.compare import f64, float32_atol, fmt, row_name, scalar_problem, tensor_problem
 from attention_course.grading.declare import Check, Out, View, distribution, second_run
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -49,10 +50,12 @@ def _hard_cases(g: torch.Generator) -> list[Case]:
 
 
 def _verify_hard(case: Case, output: Any) -> str | None:
+    """One-hot rows on the first highest score, checked row by row so that the first wrong row is named."""
     scores = case.args[0]
     if isinstance(output, torch.Tensor) and output.shape == scores.shape[:-1] and not output.is_floating_point():
-        return (f"expected one-hot weights of shape {tuple(scores.shape)}, got indices of shape "
-                f"{tuple(output.shape)}: turn the argmax index into a one-hot vector")
+        return Finding(f"expected one-hot weights of shape {tuple(scores.shape)}, got indices of shape "
+                       f"{tuple(output.shape)}: turn the argmax index into a one-hot vector",
+                       FailureKind.KNOWN_MISTAKE)
     if problem := tensor_problem(output, "your weights", scores.shape):
         return problem
     rows = output.reshape(-1, scores.shape[-1]).to(torch.float64)
@@ -61,12 +64,15 @@ def _verify_hard(case: Case, output: Any) -> str | None:
         name = row_name(index) if index else "the weight vector"
         if not bool(((row == 0) | (row == 1)).all()):
             bad = float(row[(row != 0) & (row != 1)][0])
-            return f"{name} of your weights has the entry {fmt(bad)}; hard attention weights are 0 or 1"
+            return Finding(f"{name} of your weights has the entry {fmt(bad)}; hard attention weights are 0 or 1",
+                           FailureKind.PROPERTY)
         ones, chosen = int(row.sum()), int(row.argmax())
         if ones != 1:
-            return f"{name} of your weights has {ones} ones; hard attention picks exactly one key"
+            return Finding(f"{name} of your weights has {ones} ones; hard attention picks exactly one key",
+                           FailureKind.PROPERTY)
         if chosen != best:
-            return f"{name} of your weights picks key {chosen}, but the first highest score is at key {best}"
+            return Finding(f"{name} of your weights picks key {chosen}, but the first highest score is at key {best}",
+                           FailureKind.MISMATCH)
     return None
 
 
@@ -227,8 +233,8 @@ def _verify_equivariance(case: Case, output: Any) -> str | None:
     if abs(gap - expected) <= 1e-4 + 1e-3 * expected:
         return None
     kind = "is" if expected < 1e-4 else "is not"
-    return (f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
-            f"{fmt(expected)} (this f {kind} permutation equivariant)")
+    return Finding(f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
+                   f"{fmt(expected)} (this f {kind} permutation equivariant)", FailureKind.MISMATCH)
 
 
 EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex02.toml

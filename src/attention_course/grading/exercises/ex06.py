@@ -314,29 +314,40 @@ def _expected_params(case: Case) -> dict[str, torch.Tensor]:
     return {**{f"W_{n}": w.T for n, w in zip("qkvo", weights)}, **{f"b_{n}": b for n, b in zip("qkvo", biases)}}
 
 
-def _verify_params(case: Case, output: Any) -> str | None:
-    expected = _expected_params(case)
+def _param_mistake(name: str, actual: torch.Tensor, expected: dict[str, torch.Tensor]) -> Finding | None:
+    """The known mistake the learner's ``name`` shows: a weight left in (out, in) layout, or another block."""
+    if name.startswith("W_") and matches(actual, expected[name].T):
+        return Finding(f"your {name} is the transpose of what the row convention needs: PyTorch stores Linear-style "
+                       "weights as (out, in), so W = block.T (Q = X @ W_q)", FailureKind.KNOWN_MISTAKE)
+    for other in PARAM_NAMES:
+        if other != name and other[0] == name[0] and matches(actual, expected[other]):
+            if "o" in (name[-1], other[-1]):  # the output projection is a module of its own
+                where = "W_o and b_o come from out_proj (weight and bias), the others from the in_proj tensors"
+            else:
+                stacked, pieces = ("in_proj_weight", "rows") if name[0] == "W" else ("in_proj_bias", "entries")
+                where = (f"{stacked} stacks the query, key and value blocks in the order q, k, v ({pieces} 0..d-1, "
+                         "d..2d-1, 2d..3d-1)")
+            return Finding(f"your {name} holds {other}: {where}", FailureKind.KNOWN_MISTAKE)
+    return None
+
+
+def _verify_params(case: Case, output: Any) -> Finding | None:
     if not isinstance(output, dict):
-        return f"expected a dict with the keys {', '.join(PARAM_NAMES)}, got {type(output).__name__}"
+        return Finding(f"expected a dict with the keys {', '.join(PARAM_NAMES)}, got {type(output).__name__}",
+                       FailureKind.TYPE)
     missing = [name for name in PARAM_NAMES if name not in output]
     if missing:
-        return f"your dict is missing the keys {missing}; expected {', '.join(PARAM_NAMES)}"
+        return Finding(f"your dict is missing the keys {missing}; expected {', '.join(PARAM_NAMES)}", FailureKind.TYPE)
+    expected = _expected_params(case)
     for name in PARAM_NAMES:
         actual, want = output[name], expected[name]
         problem = tensor_problem(actual, f"your {name}", want.shape)
         if problem:
             no_bias = name.startswith("b_") and not case.data["bias"]
             return problem + " (the module has no biases: return torch.zeros(d_model))" if no_bias else problem
-        if matches(actual, want):
-            continue
-        if name.startswith("W_") and matches(actual, want.T):
-            return (f"your {name} is the transpose of what the row convention needs: PyTorch stores Linear-style "
-                    f"weights as (out, in), so W = block.T (Q = X @ W_q)")
-        for other in PARAM_NAMES:
-            if other != name and other[0] == name[0] and matches(actual, expected[other]):
-                return (f"your {name} holds {other}: in_proj_weight stacks the query, key and value blocks in the "
-                        "order q, k, v (rows 0..d-1, d..2d-1, 2d..3d-1)")
-        return close_problem(actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")
+        if not matches(actual, want):
+            return _param_mistake(name, actual, expected) or close_problem(
+                actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")
     # Everything matches: confirm the parameters reproduce the module itself.
     x, h = case.data["x"], case.data["num_heads"]
     with torch.no_grad():

@@ -25,6 +25,7 @@ from attention_course.grading.compare import (
     value_error_problem,
 )
 from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -279,17 +280,21 @@ def _verify_embed(case: Case, output: Any) -> str | None:
         zeros = float((out == 0).double().mean())
         if zeros > 0 and not _matches(out, expected):
             mode = "in evaluation mode (training=False)" if not training else "with dropout_p = 0"
-            return f"{zeros:.0%} of your outputs are zero {mode}; dropout must then be the identity"
+            return Finding(f"{zeros:.0%} of your outputs are zero {mode}; dropout must then be the identity",
+                           FailureKind.KNOWN_MISTAKE)
         return diagnosis(out) or close_problem(out, expected, "your output", "E[tokens] * sqrt(d_model) + PE[:L]")
     dropped = out == 0
     fraction = float(dropped.double().mean())
     if fraction == 0.0:
-        return f"none of your outputs are zero: in training mode dropout must zero about {p:.0%} of the entries"
+        return Finding(f"none of your outputs are zero: in training mode dropout must zero about {p:.0%} of the "
+                       "entries", FailureKind.PROPERTY)
     if abs(fraction - p) > 0.04:
-        return f"your dropout zeroed {fraction:.1%} of the entries, expected about {p:.0%} (dropout_p = {p})"
+        return Finding(f"your dropout zeroed {fraction:.1%} of the entries, expected about {p:.0%} (dropout_p = {p})",
+                       FailureKind.PROPERTY)
     kept = ~dropped
     if torch.allclose(out[kept], expected[kept], atol=1e-4, rtol=1e-4):
-        return f"the entries your dropout keeps must be scaled by 1 / (1 - p) = {fmt(1 / (1 - p))} (inverted dropout)"
+        return Finding(f"the entries your dropout keeps must be scaled by 1 / (1 - p) = {fmt(1 / (1 - p))} "
+                       "(inverted dropout)", FailureKind.KNOWN_MISTAKE)
     return diagnosis(out[kept] * (1 - p), kept) or close_problem(
         out[kept], expected[kept] / (1 - p), "the entries your dropout keeps",
         "(E[tokens] * sqrt(d_model) + PE[:L]) / (1 - p)")

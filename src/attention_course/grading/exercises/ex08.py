@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from attention_course.grading.compare import close_f64, close_problem, f64, finite_problem, fmt, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble(nn=True)
@@ -119,36 +120,48 @@ def _run_dropout(obj: Any, case: Case) -> Any:
 def _verify_dropout(case: Case, output: Any) -> str | None:
     x, p, training = case.args[0], case.kwargs["p"], case.kwargs["training"]
     if _called_twice(case) and (not isinstance(output, tuple) or len(output) != 2):
-        return f"expected your function to return a tensor, got {type(output).__name__}"
+        return Finding(f"expected your function to return a tensor, got {type(output).__name__}", FailureKind.TYPE)
     first, second = output if _called_twice(case) else (output, None)
     if problem := tensor_problem(first, "your output", x.shape):
         return problem
     if first.dtype != x.dtype:
-        return f"expected dtype {x.dtype} (the input's), got {first.dtype}"
+        return Finding(f"expected dtype {x.dtype} (the input's), got {first.dtype}", FailureKind.DTYPE)
     if problem := finite_problem(first, "your output", by_rows=False):
         return problem
     out, x = f64(first), f64(x)
     if not training or p == 0.0:
         if torch.equal(out, x):
             return None
-        return (f"{'in evaluation mode' if not training else 'with p = 0'} dropout must return its input unchanged "
-                f"(no zeros, no rescaling); yours differs by up to {fmt(float((out - x).abs().max()))}")
+        when, difference = "in evaluation mode" if not training else "with p = 0", float((out - x).abs().max())
+        return Finding(f"{when} dropout must return its input unchanged (no zeros, no rescaling); yours differs by "
+                       f"up to {fmt(difference)}", FailureKind.MISMATCH)
     if p == 1.0:
-        return None if bool((out == 0).all()) else "with p = 1 every entry must be zero (and not NaN)"
+        return None if bool((out == 0).all()) else Finding("with p = 1 every entry must be zero (and not NaN)",
+                                                           FailureKind.MISMATCH)
+    return _random_dropout_problem(out, x, p, second)
+
+
+def _random_dropout_problem(out: torch.Tensor, x: torch.Tensor, p: float, second: Any) -> Finding | None:
+    """Training with 0 < p < 1: independent drops at rate p, survivors scaled by 1/(1 - p), a new mask per call."""
     kept = out != 0
     matrix = kept.reshape(-1, x.shape[-1])
-    if bool((~matrix).all(dim=1).any()) or bool((~matrix).all(dim=0).any()):
-        return "whole rows or columns of your output are zero: draw an independent keep/drop for every element"
+    if bool((~matrix).all(dim=1).any()) or bool((~matrix).all(dim=0).any()):  # one draw shared by a row or column
+        return Finding("whole rows or columns of your output are zero: draw an independent keep/drop for every "
+                       "element", FailureKind.KNOWN_MISTAKE)
     dropped, tolerance = 1.0 - float(kept.double().mean()), _drop_tolerance(p, x.numel())
     if abs(dropped - p) > tolerance:
-        hint = " (p is the probability of *dropping*, not of keeping)" if abs(dropped - (1 - p)) <= tolerance else ""
-        return f"about {fmt(100 * p)}% of the entries should be zero, but {fmt(100 * dropped)}% are{hint}"
+        swapped = abs(dropped - (1 - p)) <= tolerance  # p taken as the probability of keeping
+        hint = " (p is the probability of *dropping*, not of keeping)" if swapped else ""
+        return Finding(f"about {fmt(100 * p)}% of the entries should be zero, but {fmt(100 * dropped)}% are{hint}",
+                       FailureKind.KNOWN_MISTAKE if swapped else FailureKind.PROPERTY)
     ratio, scale = out[kept] / x[kept], 1.0 / (1.0 - p)
     if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-5):
-        return (f"every surviving entry must be multiplied by 1/(1 - p) = {fmt(scale)}, so that the expected value "
-                f"stays the same; yours are multiplied by {fmt(float(ratio.mean()))} on average")
-    if tensor_problem(second, "your output", x.shape) is None and torch.equal(second != 0, first != 0):
-        return "two calls dropped exactly the same entries: draw a new random mask on every call"
+        return Finding(f"every surviving entry must be multiplied by 1/(1 - p) = {fmt(scale)}, so that the expected "
+                       f"value stays the same; yours are multiplied by {fmt(float(ratio.mean()))} on average",
+                       FailureKind.PROPERTY)
+    if tensor_problem(second, "your output", x.shape) is None and torch.equal(second != 0, kept):
+        return Finding("two calls dropped exactly the same entries: draw a new random mask on every call",
+                       FailureKind.PROPERTY)
     return None
 
 
@@ -242,16 +255,17 @@ def _run_add_and_norm(obj: Any, case: Case) -> Any:
     return result
 
 
-def _add_and_norm_parameters(output: dict[str, Any], d: int) -> str | None:
+def _add_and_norm_parameters(output: dict[str, Any], d: int) -> Finding | None:
     shapes = output["parameters"]
     if sorted(map(tuple, shapes.values())) != [(d,), (d,)]:
-        return (f"AddAndNorm(d_model={d}) should own exactly two learnable parameters of shape ({d},), the "
-                f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
-                "__init__?)")
+        return Finding(f"AddAndNorm(d_model={d}) should own exactly two learnable parameters of shape ({d},), the "
+                       f"LayerNorm's gain and bias; yours has {shapes or 'none'} (are they nn.Parameters, created in "
+                       "__init__?)", FailureKind.TYPE)
     weight, bias = output["initial"]
     if not (torch.equal(f64(weight), torch.ones(d, dtype=torch.float64))
             and torch.equal(f64(bias), torch.zeros(d, dtype=torch.float64))):
-        return "a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)"
+        return Finding("a new LayerNorm starts with gain 1 and bias 0 (it is the identity map after normalising)",
+                       FailureKind.PROPERTY)
     return None
 
 
@@ -263,7 +277,8 @@ def _add_and_norm_eval(case: Case, out: torch.Tensor) -> str | None:
     if close_f64(out, expected):
         return None
     if close_f64(out, other):
-        return f"your module computes the {'post' if norm_first else 'pre'}-norm order, but norm_first={norm_first}"
+        return Finding(f"your module computes the {'post' if norm_first else 'pre'}-norm order, but "
+                       f"norm_first={norm_first}", FailureKind.KNOWN_MISTAKE)
     return close_problem(out, expected, "your output (evaluation mode: dropout off)",
                          "x + sublayer(norm(x))" if norm_first else "norm(x + sublayer(x))", atol=1e-4, rtol=1e-3)
 
@@ -275,27 +290,30 @@ def _add_and_norm_train(case: Case, out: torch.Tensor) -> str | None:
     kept = change.abs() > 1e-6
     dropped, tolerance = 1.0 - float(kept.double().mean()), _drop_tolerance(p, x.numel())
     if abs(float((out == 0).double().mean()) - p) <= tolerance:
-        return ("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
-                "before the residual add, so that x always passes through")
+        return Finding("your dropout zeroes whole entries of x + f(x): apply it to the sub-layer's output only, "
+                       "before the residual add, so that x always passes through", FailureKind.KNOWN_MISTAKE)
     if abs(dropped) < tolerance:
-        return "in training mode your module applies no dropout to the sub-layer's output"
+        return Finding("in training mode your module applies no dropout to the sub-layer's output",
+                       FailureKind.KNOWN_MISTAKE)
     if abs(dropped - p) > tolerance:
-        return (f"with a sub-layer that returns ones, about {fmt(100 * p)}% of out - x should be 0 (dropped), "
-                f"but {fmt(100 * dropped)}% are; apply dropout to the sub-layer's output only")
+        return Finding(f"with a sub-layer that returns ones, about {fmt(100 * p)}% of out - x should be 0 (dropped), "
+                       f"but {fmt(100 * dropped)}% are; apply dropout to the sub-layer's output only",
+                       FailureKind.PROPERTY)
     scale = 1.0 / (1.0 - p)
     if not torch.allclose(change[kept], torch.full_like(change[kept], scale), rtol=1e-4, atol=1e-5):
-        return (f"the sub-layer's surviving outputs (ones) should arrive as 1/(1 - p) = {fmt(scale)} in "
-                "out - x; apply dropout to the sub-layer's output, before the residual add")
+        return Finding(f"the sub-layer's surviving outputs (ones) should arrive as 1/(1 - p) = {fmt(scale)} in "
+                       "out - x; apply dropout to the sub-layer's output, before the residual add",
+                       FailureKind.PROPERTY)
     return None
 
 
 def _verify_add_and_norm(case: Case, output: Any) -> str | None:
     d, mode = case.data["d_model"], case.data["mode"]
     if isinstance(output, dict) and output.get("missing_norm"):
-        return ("AddAndNorm needs its LayerNorm as self.norm, with learnable weight and bias parameters of shape "
-                f"({d},), e.g. nn.LayerNorm(d_model)")
+        return Finding("AddAndNorm needs its LayerNorm as self.norm, with learnable weight and bias parameters of "
+                       f"shape ({d},), e.g. nn.LayerNorm(d_model)", FailureKind.TYPE)
     if not isinstance(output, dict) or "output" not in output:
-        return f"expected your module to return a tensor, got {type(output).__name__}"
+        return Finding(f"expected your module to return a tensor, got {type(output).__name__}", FailureKind.TYPE)
     out = output["output"]
     if problem := (tensor_problem(out, "your output", case.args[0].shape) or finite_problem(out, "your output")
                    or _add_and_norm_parameters(output, d)):
@@ -306,7 +324,8 @@ def _verify_add_and_norm(case: Case, output: Any) -> str | None:
         return _add_and_norm_train(case, out)
     again = output.get("again")  # "train_twice": dropout must draw a new mask on every call
     if isinstance(again, torch.Tensor) and torch.equal(again, out):
-        return "in training mode two calls gave the same output: is dropout (with module.train()) applied?"
+        return Finding("in training mode two calls gave the same output: is dropout (with module.train()) applied?",
+                       FailureKind.PROPERTY)
     return None
 
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import fmt, matches, tensor_problem
 from attention_course.grading.declare import Check, Out, View, second_run
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
@@ -95,28 +96,34 @@ def _mask_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _broadcast_problem(mask: Any, what: str, shape: tuple[int, ...]) -> str | None:
+def _broadcast_problem(mask: Any, what: str, shape: tuple[int, ...]) -> Finding | None:
     if not isinstance(mask, Tensor):
-        return f"expected {what} to be a torch.Tensor, got {type(mask).__name__}"
+        return Finding(f"expected {what} to be a torch.Tensor, got {type(mask).__name__}", FailureKind.TYPE)
     if mask.dtype != torch.bool:
-        return f"expected {what} to be a bool tensor (True = may attend), got dtype {mask.dtype}"
+        return Finding(f"expected {what} to be a bool tensor (True = may attend), got dtype {mask.dtype}",
+                       FailureKind.DTYPE)
     if not _broadcasts(mask.shape, shape):
-        return (f"{what} of shape {tuple(mask.shape)} does not broadcast to the attention scores "
-                f"{shape} = (batch, heads, queries, keys)")
+        return Finding(f"{what} of shape {tuple(mask.shape)} does not broadcast to the attention scores "
+                       f"{shape} = (batch, heads, queries, keys)", FailureKind.SHAPE)
     return None
 
 
-def _wrong_entry(name: str, got: Tensor, expected: Tensor, rows: Tensor, axes: tuple[str, str], rule: str) -> str:
+def _known(message: str) -> Finding:
+    """A message for an answer recognised as a usual mistake (an inverted mask, tokens after eos, a mask left out)."""
+    return Finding(message, FailureKind.KNOWN_MISTAKE)
+
+
+def _wrong_entry(name: str, got: Tensor, expected: Tensor, rows: Tensor, axes: tuple[str, str], rule: str) -> Finding:
     b, i, j = ((got != expected) & rows).nonzero()[0].tolist()
-    return (f"{name} for sentence {b}, {axes[0]} {i}, {axes[1]} {j} is {bool(got[b, i, j])}, expected "
-            f"{bool(expected[b, i, j])}: {rule}")
+    return Finding(f"{name} for sentence {b}, {axes[0]} {i}, {axes[1]} {j} is {bool(got[b, i, j])}, expected "
+                   f"{bool(expected[b, i, j])}: {rule}", FailureKind.MISMATCH)
 
 
-def _verify_masks(case: Case, output: Any) -> str | None:
+def _verify_masks(case: Case, output: Any) -> Finding | None:
     src, decoder_input, pad_id = case.args
     (B, Ls), Lt = src.shape, decoder_input.size(1)
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        return "expected a tuple (self_mask, memory_mask)"
+        return Finding("expected a tuple (self_mask, memory_mask)", FailureKind.TYPE)
     self_mask, memory_mask = output
     problem = (_broadcast_problem(self_mask, "your self_mask", (B, 1, Lt, Lt))
                or _broadcast_problem(memory_mask, "your memory_mask", (B, 1, Lt, Ls)))
@@ -127,16 +134,17 @@ def _verify_masks(case: Case, output: Any) -> str | None:
     rows = real_query.expand(B, Lt, Lt)
     if not torch.equal(got[rows], causal[rows]):
         if torch.equal(got[rows], ~causal[rows]):
-            return "your self_mask is inverted: in the course True means 'may attend' (keys j <= i for query i)"
+            return _known("your self_mask is inverted: in the course True means 'may attend' (keys j <= i for query i)")
         if Lt > 1 and torch.equal(got[rows], causal.transpose(1, 2)[rows]):
-            return "your self_mask lets query i see keys j >= i (upper triangle): it must be j <= i (lower, tril)"
+            return _known("your self_mask lets query i see keys j >= i (upper triangle): it must be j <= i (lower, "
+                          "tril)")
         return _wrong_entry("self_mask", got, causal, rows, ("query", "key"),
                             "a real position i may attend exactly to positions 0..i")
     got, source = memory_mask.expand(B, 1, Lt, Ls)[:, 0], (src != pad_id)[:, None, :].expand(B, Lt, Ls)
     rows = real_query.expand(B, Lt, Ls)
     if not torch.equal(got[rows], source[rows]):
         if torch.equal(got[rows], ~source[rows]):
-            return "your memory_mask is inverted: True must mean 'may attend', False on the source's padding"
+            return _known("your memory_mask is inverted: True must mean 'may attend', False on the source's padding")
         return _wrong_entry("memory_mask", got, source, rows, ("target position", "source position"),
                             "cross-attention may read every source token except the source's padding (and is not "
                             "causal)")
@@ -373,40 +381,42 @@ def _run_greedy(obj: Any, case: Case) -> Any:
         return call_function(obj, case)
 
 
-def _verify_greedy(case: Case, output: Any) -> str | None:
+def _verify_greedy(case: Case, output: Any) -> Finding | None:
     model, src, max_len, bos_id, eos_id, pad_id = case.args
     expected = greedy_decode(model, src, max_len, bos_id, eos_id, pad_id=pad_id)
     problem = tensor_problem(output, "your tokens", floating=False)
     if problem:
         return problem
     if output.dim() != 2 or output.size(0) != src.size(0):
-        return f"expected your tokens of shape (batch={src.size(0)}, T), got {tuple(output.shape)}"
+        return Finding(f"expected your tokens of shape (batch={src.size(0)}, T), got {tuple(output.shape)}",
+                       FailureKind.SHAPE)
     if not bool((output[:, 0] == bos_id).all()):
-        return f"every row must start with bos_id = {bos_id}, got first column {output[:, 0].tolist()}"
+        return Finding(f"every row must start with bos_id = {bos_id}, got first column {output[:, 0].tolist()}",
+                       FailureKind.PROPERTY)
     if isinstance(model, ScriptedTranslator) and bool((output == UNMASKED).any()):
         needed = ("pass a causal mask to model.decode as tgt_mask: a (t, t) bool matrix, True on and below the "
                   "diagonal, for a prefix of t tokens")
         if model.memory_pad_id is not None:
             needed += (f", and the source padding mask as memory_mask: (src != pad_id)[:, None, None, :], "
                        f"here with pad_id = {model.memory_pad_id}")
-        return needed
+        return _known(needed)  # the scripted model's answer to a missing mask
     if output.size(1) != expected.size(1):
-        return (f"your tokens have {output.size(1)} columns, expected {expected.size(1)}: bos plus one column per "
-                f"step, and decoding stops as soon as every sentence has produced eos ({eos_id}) or after max_len = "
-                f"{max_len} steps")
+        return Finding(f"your tokens have {output.size(1)} columns, expected {expected.size(1)}: bos plus one column "
+                       f"per step, and decoding stops as soon as every sentence has produced eos ({eos_id}) or after "
+                       f"max_len = {max_len} steps", FailureKind.SHAPE)
     if torch.equal(output.long(), expected):
         return None
     row, col = (output.long() != expected).nonzero()[0].tolist()
     yours = f"sentence {row}, column {col}: yours {int(output[row, col])}, expected {int(expected[row, col])}"
     if bool((expected[row, 1:col] == eos_id).any()):
-        return f"{yours}: after a sentence's eos every column holds pad_id = {pad_id}"
+        return _known(f"{yours}: after a sentence's eos every column holds pad_id = {pad_id}")
     no_source_mask = torch.ones(src.size(0), 1, 1, src.size(1), dtype=torch.bool)
     unmasked = greedy_decode(model, src, max_len, bos_id, eos_id, pad_id=pad_id, src_mask=no_source_mask)
     if isinstance(model, Transformer) and torch.equal(output.long(), unmasked):
-        return ("your translations of padded sentences differ: build the source padding mask from pad_id and pass "
-                "it to model.encode and (as memory_mask) to model.decode")
-    return (f"{yours} (the argmax of the last position's logits, given the prefix so far; did you pass the causal "
-            "mask to model.decode?)")
+        return _known("your translations of padded sentences differ: build the source padding mask from pad_id and "
+                      "pass it to model.encode and (as memory_mask) to model.decode")
+    return Finding(f"{yours} (the argmax of the last position's logits, given the prefix so far; did you pass the "
+                   "causal mask to model.decode?)", FailureKind.MISMATCH)
 
 
 EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex10.toml
