@@ -22,6 +22,7 @@ from attention_course.grading.spec import (
     Exercise,
     Mistake,
     Part,
+    diagnose,
     pair_problem,
     permutation,
     preamble,
@@ -224,14 +225,35 @@ def _equivariance_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
+def _gap(f: Any, X: torch.Tensor, perm: torch.Tensor, output_order: torch.Tensor) -> float:
+    """The largest difference between f(X[perm]) and f(X) with its rows in ``output_order``."""
+    return float((f(X[perm]).to(torch.float64) - f(X).to(torch.float64)[output_order]).abs().max())
+
+
+def _same_gap(gap: Any, other: float) -> bool:
+    return abs(float(gap) - other) <= 1e-4 + 1e-3 * abs(other)
+
+
+_EQUIVARIANCE_MISTAKES = (  # (f, X, perm) -> a wrong gap
+    Mistake(lambda f, X, perm: _gap(f, X, perm, torch.argsort(perm)),
+            "your gap reorders f(X) by the inverse permutation: equivariance compares f(X[perm]) with f(X)[perm], "
+            "the same perm on both sides"),
+    Mistake(lambda f, X, perm: 0.0,
+            "your gap is 0, but this f is not permutation equivariant: permute the input on one side, f(X[perm]), "
+            "and the output on the other, f(X)[perm] (a side compared with itself always gives 0)"),
+)
+
+
 def _verify_equivariance(case: Case, output: Any) -> str | None:
     f, X, perm = case.args
-    expected = float((f(X[perm]).to(torch.float64) - f(X).to(torch.float64)[perm]).abs().max())
+    expected = _gap(f, X, perm, perm)
     if problem := scalar_problem(output, "your gap"):
         return problem
     gap = float(output)
-    if abs(gap - expected) <= 1e-4 + 1e-3 * expected:
+    if _same_gap(gap, expected):
         return None
+    if mistake := diagnose(_EQUIVARIANCE_MISTAKES, gap, f, X, perm, matches=_same_gap, right=expected):
+        return mistake
     kind = "is" if expected < 1e-4 else "is not"
     return Finding(f"your gap is {fmt(gap)}, but the largest difference between f(X[perm]) and f(X)[perm] is "
                    f"{fmt(expected)} (this f {kind} permutation equivariant)", FailureKind.MISMATCH)
