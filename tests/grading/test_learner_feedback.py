@@ -3,6 +3,7 @@ files, check cells and helpers from other cells, and the class summary (issue 24
 
 from __future__ import annotations
 
+import ast
 import functools
 import html
 import inspect
@@ -238,6 +239,74 @@ def test_the_hints_that_gave_the_solution_away_are_caught(exercise_id, hint):
     # Naming what to use, without writing the line, passes.
     assert not shared_expressions("use F.cross_entropy with ignore_index; dim=-1, sqrt(d_k), torch.topk",
                                   solution_code(NOTEBOOK_OF[exercise_id]))
+
+
+# The failure messages are feedback too: a wrong answer must not be answered with the line that fixes it. Every
+# string an exercise's check module can show (its message texts, reference descriptions and case names; f-strings
+# with each placeholder as a value no code holds; docstrings excepted) and each part's summary obey the hints'
+# rule, except for an expression that the learner's own notebook already states (the task's specification).
+CHECK_MODULES = Path(inspect.getsourcefile(get_exercise("ex02").parts[0].make_cases)).parent
+_PLACEHOLDER = "FORMATTED_VALUE"
+
+
+def module_texts(source: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of each string literal of a module that is not a docstring; an f-string's placeholders
+    read as ``FORMATTED_VALUE``."""
+    tree = ast.parse(source)
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            skipped.add(id(body[0].value))
+        if isinstance(node, ast.JoinedStr):  # its pieces are read as one text below
+            skipped.update(id(inner) for value in node.values for inner in ast.walk(value))
+    texts = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts.append((node.lineno, node.value))
+        elif isinstance(node, ast.JoinedStr):
+            texts.append((node.lineno, "".join(value.value if isinstance(value, ast.Constant) else
+                                               f" {_PLACEHOLDER} " for value in node.values)))
+    return texts
+
+
+def stated_to_the_learner(exercise_id: str) -> str:
+    """Every cell of the learner's notebook (markdown and starter code) as normalised tokens, space-delimited."""
+    notebook = nbformat.read(SOLUTIONS[0].parent.parent / NOTEBOOK_OF[exercise_id].name, as_version=4)
+    return f" {' '.join(code_tokens(' '.join(cell.source for cell in notebook.cells)))} "
+
+
+def given_away(text: str, solution: str, stated: str) -> list[str]:
+    return [run for run in shared_expressions(text, solution) if f" {run} " not in stated]
+
+
+@pytest.mark.parametrize("exercise_id", sorted(NOTEBOOK_OF))
+def test_no_check_message_writes_an_expression_of_the_solution(exercise_id):
+    solution, stated = solution_code(NOTEBOOK_OF[exercise_id]), stated_to_the_learner(exercise_id)
+    texts = module_texts((CHECK_MODULES / f"{exercise_id}.py").read_text())
+    assert len(texts) > 20 and len(stated) > 1000
+    for line, text in texts:
+        assert not given_away(text, solution, stated), f"{exercise_id}.py line {line} writes the solution's code: {text!r}"
+    for part in get_exercise(exercise_id).parts:
+        assert not given_away(part.summary, solution, stated), f"{exercise_id}.{part.name}'s summary: {part.summary!r}"
+
+
+def test_a_message_that_gave_the_solution_away_is_caught():
+    solution, stated = solution_code(NOTEBOOK_OF["ex10"]), stated_to_the_learner("ex10")
+    module = ('''"""A docstring may quote tgt[:, 1:]."""\n'''
+              '''RULE = "position t must predict token t + 1, tgt[:, 1:]"\n'''
+              '''def f(name):\n    return f"{name} is wrong: tgt[:, :-1] is the decoder's input"\n'''
+              '''FINE = f"{name}[:, 1:] is computed, not written"\n''')
+    texts = module_texts(module)
+    assert [line for line, text in texts if given_away(text, solution, stated)] == [2, 4]
+    assert all("docstring" not in text for _, text in texts)
+    # An expression the learner's notebook states is the task, not a give-away: ex08's pre-norm formula.
+    ex08 = solution_code(NOTEBOOK_OF["ex08"])
+    assert shared_expressions("pre-norm is x + sublayer(norm(x))", ex08)
+    assert not given_away("pre-norm is x + sublayer(norm(x))", ex08, stated_to_the_learner("ex08"))
 
 
 # --- c. feedback files: the first hint by default, none for a part lost to its check cell -----------------

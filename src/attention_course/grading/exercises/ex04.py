@@ -189,7 +189,7 @@ def _transposed_weights(v: View) -> str | None:
     if isinstance(w, torch.Tensor) and tuple(w.shape) == (*expected.shape[:-2], *reversed(expected.shape[-2:])) \
             and expected.shape[-1] != expected.shape[-2]:
         return (f"your weights have shape {fmt_shape(w.shape)}, expected {fmt_shape(expected.shape)}: one row "
-                "per query and one column per key, scores = Q @ K.transpose(-2, -1)")
+                "per query and one column per key (each query's scores against every key form a row)")
     return None
 
 

@@ -80,7 +80,7 @@ def _transposed_scores(v: View) -> str | None:
     transposed = (*want.shape[:-2], want.shape[-1], want.shape[-2])
     if isinstance(v.output, torch.Tensor) and want.shape[-1] != want.shape[-2] and v.output.shape == transposed:
         return (tensor_problem(v.output, "your scores", want.shape)
-                + ": one row per query and one column per key, Q @ K.transpose(-2, -1)")
+                + ": one row per query and one column per key (each query's scores against every key form a row)")
     return None
 
 
@@ -145,7 +145,8 @@ def _masked_weights(weights: torch.Tensor, scores: torch.Tensor, mask: torch.Ten
     if nan_rows.any():
         return Finding(f"{row_name(nan_rows.nonzero()[0].tolist())} of {what} is NaN: that query has no allowed "
                        "key, and masking with -inf gives 0/0. Fill blocked scores with a finite number "
-                       "(torch.finfo(scores.dtype).min) and set such rows to zero", FailureKind.NOT_FINITE)
+                       "(the most negative one of their dtype, see torch.finfo) and set such rows to zero",
+                       FailureKind.NOT_FINITE)
     problem = finite_problem(weights, what)
     if problem:
         return problem

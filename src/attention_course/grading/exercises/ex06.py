@@ -64,7 +64,7 @@ _SPLIT_MISTAKES = (  # (x (B, L, d), h) -> a wrong split, or None where it canno
     Mistake(lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1) if h > 1 and x.shape[1] > 1 else None,
             "your split reshapes straight to (B, h, L, d_head), which scrambles heads and positions "
             "(head 0 gets pieces of the first tokens only); reshape to (B, L, h, d_head) first, then "
-            "transpose(1, 2)"),
+            "swap dimensions 1 and 2"),
     Mistake(lambda x, h: x.reshape(*x.shape[:2], -1, h).permute(0, 3, 1, 2) if h > 1 and x.shape[2] // h > 1
             else None,
             "your head 0 holds features 0, h, 2h, ...: split the last dimension as (h, d_head), so that "
@@ -84,7 +84,7 @@ def _head_blocks(v: View) -> str | None:
 
 _SPLIT = Check(
     reference=lambda v: _expected_split(*v.x),
-    outputs=(Out("split", "x.view(B, L, h, d_head).transpose(1, 2)"),),
+    outputs=(Out("split", "x viewed as (B, L, h, d_head) with dimensions 1 and 2 swapped"),),
     raises=lambda v: ((v.args[0].shape[-1], v.args[1]), f"d_model = {v.args[0].shape[-1]} is not divisible by "
                       f"num_heads = {v.args[1]}") if v.data.get("error") else None,
     mistakes=mistakes_on(_SPLIT_MISTAKES, lambda v: v.args, on="split"),
@@ -110,9 +110,9 @@ def _straight_merge(v: View) -> torch.Tensor | None:
 
 _MERGE = Check(
     reference=lambda v: v.x[0].transpose(1, 2).reshape(v.x[0].shape[0], v.x[0].shape[2], -1),
-    outputs=(Out("merged tensor", "x.transpose(1, 2).reshape(B, L, h*d_head)"),),
+    outputs=(Out("merged tensor", "the heads side by side along the features, (B, L, h*d_head)"),),
     mistakes=(Mistake(_straight_merge, "your merge reshapes (B, h, L, d_head) straight to (B, L, h*d_head), mixing "
-                      "positions of different heads; transpose(1, 2) to (B, L, h, d_head) first, then reshape",
+                      "positions of different heads; swap dimensions 1 and 2 to (B, L, h, d_head) first, then reshape",
                       on="merged tensor"),),
 )
 
@@ -260,7 +260,8 @@ def _gradient(v: View) -> str | None:
     if not bool(torch.isfinite(v.extra).all()):
         return Finding("the gradient of your output with respect to the query contains NaN for the query with no "
                        "allowed key: -inf scores make softmax compute 0/0 in the backward pass too; fill blocked "
-                       "scores with a large negative finite number such as torch.finfo(scores.dtype).min",
+                       "scores with a large negative finite number (the most negative one of their dtype, see "
+                       "torch.finfo)",
                        FailureKind.NOT_FINITE)
     return None
 
@@ -344,7 +345,8 @@ def _verify_params(case: Case, output: Any) -> Finding | None:
         problem = tensor_problem(actual, f"your {name}", want.shape)
         if problem:
             no_bias = name.startswith("b_") and not case.data["bias"]
-            return problem + " (the module has no biases: return torch.zeros(d_model))" if no_bias else problem
+            return problem + " (the module has no biases: return zero vectors of length d_model)" if no_bias \
+                else problem
         if not matches(actual, want):
             return _param_mistake(name, actual, expected) or close_problem(
                 actual, want, f"your {name}", f"the {name} of ac.MultiHeadAttention.from_torch(module)")

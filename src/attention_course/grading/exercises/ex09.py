@@ -323,8 +323,8 @@ def _unpack_head(v: View) -> str | None:
 
 def _returned_tuple(v: View) -> str | None:
     if isinstance(v.output, (tuple, list)):
-        return ("your head returned a tuple (torch.max(x, dim=1) returns (values, indices)); return the logits "
-                "tensor, e.g. x.max(dim=1).values or x.amax(dim=1), then the linear layer")
+        return ("your head returned a tuple: torch.max along a dimension returns (values, indices); keep the "
+                "values (or use torch.amax), then apply the linear layer and return the logits tensor")
     return None
 
 

@@ -55,8 +55,8 @@ def _shift_cases(g: torch.Generator) -> list[Case]:
 
 def _swapped(v: View) -> str | None:
     if torch.equal(v.got.decoder_input, v.want.labels) and torch.equal(v.got.labels, v.want.decoder_input):
-        return ("your two tensors are swapped: the decoder's input starts with <bos> (tgt[:, :-1]) and the "
-                "labels end with <eos> (tgt[:, 1:])")
+        return ("your two tensors are swapped: the decoder's input starts with <bos> (the target without its "
+                "last token) and the labels end with <eos> (the target without its first token)")
     return None
 
 
@@ -74,8 +74,8 @@ def _exact(name: str, rule: str) -> Callable[[View], str | None]:
 _SHIFT = Check(
     reference=lambda v: (v.args[0][:, :-1], v.args[0][:, 1:]),
     outputs=(Out("decoder_input", floating=False), Out("labels", floating=False)),
-    explain=(_swapped, _exact("decoder_input", "the decoder sees the target without its last token, tgt[:, :-1]"),
-             _exact("labels", "position t must predict token t + 1, tgt[:, 1:]")),
+    explain=(_swapped, _exact("decoder_input", "the decoder sees the target without its last token"),
+             _exact("labels", "position t must predict token t + 1 (the target without its first token)")),
 )
 
 
@@ -397,8 +397,8 @@ def _verify_greedy(case: Case, output: Any) -> Finding | None:
         needed = ("pass a causal mask to model.decode as tgt_mask: a (t, t) bool matrix, True on and below the "
                   "diagonal, for a prefix of t tokens")
         if model.memory_pad_id is not None:
-            needed += (f", and the source padding mask as memory_mask: (src != pad_id)[:, None, None, :], "
-                       f"here with pad_id = {model.memory_pad_id}")
+            needed += (f", and the source padding mask as memory_mask: True at the source's real tokens, shaped "
+                       f"(batch, 1, 1, source length), here with pad_id = {model.memory_pad_id}")
         return _known(needed)  # the scripted model's answer to a missing mask
     if output.size(1) != expected.size(1):
         return Finding(f"your tokens have {output.size(1)} columns, expected {expected.size(1)}: bos plus one column "

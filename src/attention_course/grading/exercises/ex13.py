@@ -70,7 +70,7 @@ _LOSS_MISTAKES = (  # (logits, tokens, pad_id) -> a wrong loss
     Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None), tokens, pad_id), _UNSHIFTED),
     Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None, -1), tokens[:, :-1], pad_id), _UNSHIFTED),
     Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(1, None), tokens[:, :-1], pad_id),
-            "your shift goes the wrong way: logits[:, :-1] predict tokens[:, 1:]"),
+            "your shift goes the wrong way: the logits at position t predict the token at t + 1"),
     Mistake(lambda logits, tokens, pad_id: _loss(logits, slice(None, -1), tokens[:, 1:], -100),
             lambda logits, tokens, pad_id: f"your loss counts the padded targets (id {pad_id}): leave them out of "
             "the mean"),
