@@ -395,6 +395,9 @@ MUTANTS = [
            "nn.LayerNorm(d_model)", "nn.LayerNorm(d_model, elementwise_affine=False)"),
     Mutant("add_and_norm_no_dropout", "ex08_layernorm_dropout_residuals", "add_and_norm",
            "return self.norm(x + self.dropout(sublayer(x)))", "return self.norm(x + sublayer(x))"),
+    # the rate is ignored in both norm orders (the mutant above drops dropout from the post-norm line only)
+    Mutant("add_and_norm_dropout_rate_ignored", "ex08_layernorm_dropout_residuals", "add_and_norm",
+           "self.dropout = nn.Dropout(dropout)", "self.dropout = nn.Dropout(0.0)"),
     Mutant("add_and_norm_post_norm_as_pre", "ex08_layernorm_dropout_residuals", "add_and_norm",
            "return self.norm(x + self.dropout(sublayer(x)))", "return x + self.dropout(sublayer(self.norm(x)))"),
     # --- ex06 (notebook ex06_multi_head_attention) --------------------------------------------------------

@@ -334,3 +334,31 @@ def test_a_parameter_holding_another_names_where_each_comes_from(name, other, so
     assert part.verify(case, right) is None
     message = part.verify(case, {**right, name: right[other]})
     assert message.startswith(f"your {name} holds {other}: ") and source in message, message
+
+
+@pytest.mark.parametrize("exercise_id", ["ex08", "bug_hunt"])
+def test_dropout_with_p_one_that_divides_by_zero_is_told_so_in_both_exercises(exercise_id):
+    part = get_exercise(exercise_id).part("dropout")
+    case = next(c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.kwargs["p"] == 1.0)
+    x = case.args[0]
+    assert part.verify(case, torch.zeros_like(x)) is None
+    keep = torch.zeros_like(x, dtype=torch.bool)
+    message = part.verify(case, x * keep / (1.0 - torch.tensor(1.0)))  # 0 * inf: NaN everywhere
+    assert "with p = 1" in message and "divides by zero" in message, message
+    assert str(part.verify(case, x * 0.5)) == "with p = 1 every entry must be zero"
+
+
+def test_a_length_one_self_mask_without_its_diagonal_is_not_called_inverted():
+    part = get_exercise("ex10").part("decoder_masks")
+    case = next(c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.args[1].size(1) == 1)
+    src, _, pad_id = case.args
+    memory_mask = (src != pad_id)[:, None, None, :]
+    causal = torch.ones(1, 1, dtype=torch.bool).tril()
+    assert part.verify(case, (causal, memory_mask)) is None
+    message = str(part.verify(case, (causal.tril(-1), memory_mask)))  # the diagonal left out: all False here
+    assert "inverted" not in message and "may attend exactly to positions 0..i" in message, message
+    # Longer inputs still name an inverted mask.
+    longer = next(c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.args[1].size(1) > 1)
+    length = longer.args[1].size(1)
+    inverted = ~torch.ones(length, length, dtype=torch.bool).tril()
+    assert "inverted" in str(part.verify(longer, (inverted, (longer.args[0] != longer.args[2])[:, None, None, :])))

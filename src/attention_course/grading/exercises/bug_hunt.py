@@ -25,6 +25,7 @@ from attention_course.grading.compare import (
     tensor_problem,
 )
 from attention_course.grading.declare import Check, Out, View, distribution, second_run
+from attention_course.grading.exercises.ex08 import run_dropout, verify_dropout  # the same dropout contract
 from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
 
@@ -239,44 +240,6 @@ def _dropout_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _draws_twice(case: Case) -> bool:
-    """Whether dropout draws a random mask here: it is then called twice, and the two masks must differ."""
-    return case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0
-
-
-def _run_dropout(obj: Any, case: Case) -> Any:
-    return (call_function(obj, case), call_function(obj, case)) if _draws_twice(case) else call_function(obj, case)
-
-
-def _verify_dropout(case: Case, output: Any) -> str | None:
-    x, p = case.args[0].double(), case.kwargs["p"]
-    first = output[0] if _draws_twice(case) and isinstance(output, tuple) and len(output) == 2 else output
-    problem = tensor_problem(first, "your output", x.shape) or finite_problem(first, "your output", by_rows=False)
-    if problem:
-        return problem
-    out = first.double()
-    if not case.kwargs["training"] or p == 0.0:
-        return close_problem(out, x, "your output", "the input (dropout must change nothing here)", atol=0.0, rtol=1e-6)
-    if p == 1.0:
-        return None if bool((out == 0).all()) else Finding("with p = 1 every entry must be zero", FailureKind.MISMATCH)
-    kept = out != 0
-    scale = 1.0 / (1.0 - p)
-    ratio = out[kept] / x[kept]
-    if not torch.allclose(ratio, torch.full_like(ratio, scale), rtol=1e-4):
-        return Finding(f"surviving entries must be scaled by 1/(1 - p) = {fmt(scale)} so that the expected value is "
-                       f"unchanged; yours are scaled by {fmt(float(ratio.mean()))}", FailureKind.PROPERTY)
-    dropped = 1.0 - float(kept.double().mean())
-    tolerance = 6.0 * math.sqrt(p * (1.0 - p) / x.numel())
-    if abs(dropped - p) > tolerance:
-        return Finding(f"about {fmt(100 * p)}% of entries should be zero, but you zeroed {fmt(100 * dropped)}%",
-                       FailureKind.PROPERTY)
-    second = output[1] if isinstance(output, tuple) else None
-    if tensor_problem(second, "your second output", x.shape) is None and torch.equal(second != 0, kept):
-        return Finding("two calls dropped exactly the same entries: the mask must be drawn at random on every call",
-                       FailureKind.PROPERTY)
-    return None
-
-
 # --- 8: residual taken from the projected tensor (errata 0.14) ----------------------------------------
 def _sublayer_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, batch: int, length: int, d_model: int, heads: int) -> Case:
@@ -359,7 +322,7 @@ EXERCISE = with_texts(Exercise(  # title, summaries and hints: bug_hunt.toml
         _part("masked_attention", _masked_cases, _MASKED),
         _part("attention_with_loops", _loop_cases, _LOOPS),
         _part("layer_norm", _layer_norm_cases, _LAYER_NORM),
-        _part("dropout", _dropout_cases, _verify_dropout, _run_dropout),
+        _part("dropout", _dropout_cases, verify_dropout, run_dropout),
         _part("attention_sublayer", _sublayer_cases, _SUBLAYER),
         _part("causal_self_attention", _causal_cases, _CAUSAL, _run_causal),
     ),

@@ -113,11 +113,13 @@ def _called_twice(case: Case) -> bool:
     return case.kwargs["training"] and 0.0 < case.kwargs["p"] < 1.0
 
 
-def _run_dropout(obj: Any, case: Case) -> Any:
+def run_dropout(obj: Any, case: Case) -> Any:
+    """Call ``dropout(x, p=..., training=...)``; twice where it draws a random mask (the bug hunt's too)."""
     return (call_function(obj, case), call_function(obj, case)) if _called_twice(case) else call_function(obj, case)
 
 
-def _verify_dropout(case: Case, output: Any) -> str | None:
+def verify_dropout(case: Case, output: Any) -> str | None:
+    """Inverted dropout's contract, on one case of ``dropout(x, p, training)`` (the bug hunt's part 7 too)."""
     x, p, training = case.args[0], case.kwargs["p"], case.kwargs["training"]
     if _called_twice(case) and (not isinstance(output, tuple) or len(output) != 2):
         return Finding(f"expected your function to return a tensor, got {type(output).__name__}", FailureKind.TYPE)
@@ -126,6 +128,9 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
         return problem
     if first.dtype != x.dtype:
         return Finding(f"expected dtype {x.dtype} (the input's), got {first.dtype}", FailureKind.DTYPE)
+    if p == 1.0 and training and not bool(torch.isfinite(first).all()):
+        return Finding("with p = 1 your output holds NaN or infinity: every entry is dropped, and scaling by "
+                       "1/(1 - p) divides by zero; return zeros for p = 1", FailureKind.NOT_FINITE)
     if problem := finite_problem(first, "your output", by_rows=False):
         return problem
     out, x = f64(first), f64(x)
@@ -136,8 +141,7 @@ def _verify_dropout(case: Case, output: Any) -> str | None:
         return Finding(f"{when} dropout must return its input unchanged (no zeros, no rescaling); yours differs by "
                        f"up to {fmt(difference)}", FailureKind.MISMATCH)
     if p == 1.0:
-        return None if bool((out == 0).all()) else Finding("with p = 1 every entry must be zero (and not NaN)",
-                                                           FailureKind.MISMATCH)
+        return None if bool((out == 0).all()) else Finding("with p = 1 every entry must be zero", FailureKind.MISMATCH)
     return _random_dropout_problem(out, x, p, second)
 
 
@@ -333,7 +337,7 @@ EXERCISE = with_texts(Exercise(  # title, summaries and hints: ex08.toml
     id="ex08", chapters=("08_layernorm_dropout_residuals",), preamble=PREAMBLE,
     parts=(
         Part("layer_norm", points=2, make_cases=_layer_norm_cases, verify=_LAYER_NORM),
-        Part("dropout", points=2, make_cases=_dropout_cases, verify=_verify_dropout, run=_run_dropout),
+        Part("dropout", points=2, make_cases=_dropout_cases, verify=verify_dropout, run=run_dropout),
         Part("residual_sublayer", points=2, make_cases=_residual_cases, verify=_RESIDUAL),
         Part("add_and_norm", function="AddAndNorm", points=3, make_cases=_add_and_norm_cases,
              verify=_verify_add_and_norm, run=_run_add_and_norm),
