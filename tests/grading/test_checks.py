@@ -317,6 +317,63 @@ def test_the_memory_case_measures_the_call_whatever_the_process_did_before():
         assert part.run(tiles, case)[1] <= MEMORY_ALLOWANCE, case.name
 
 
+def test_the_memory_case_counts_a_score_matrix_written_into_a_buffer_made_before_the_call():
+    """A buffer allocated (and touched) when the cell ran, or in the small warm-up call, and then filled with the
+    whole score matrix adds nothing to the peak resident set; the memory case must still refuse it, and must
+    still pass a tiled loop, in PyTorch or in NumPy."""
+    from attention_course.grading.exercises.ex11 import MEMORY_ALLOWANCE
+    from attention_course.tiled import tiled_attention
+
+    prepared = torch.ones(2100 * 2100)  # "when the cell ran": resident before the measured process exists
+    kept: dict[str, torch.Tensor] = {}
+
+    def into_prepared(query, key, value, block):
+        scores = prepared[:query.shape[-2] * key.shape[-2]].view(query.shape[-2], key.shape[-2])
+        torch.matmul(query, key.transpose(-2, -1), out=scores)  # no new memory: every op writes in place
+        scores.mul_(query.shape[-1] ** -0.5)
+        torch.softmax(scores, dim=-1, out=scores)
+        return scores @ value
+
+    def prepared_in_warm_up(query, key, value, block):
+        if "scores" not in kept:
+            kept["scores"] = torch.empty(2100 * 2100)
+        kept["scores"].fill_(0.0)  # every page written already in the small call
+        scores = kept["scores"][:query.shape[-2] * key.shape[-2]].view(query.shape[-2], key.shape[-2])
+        torch.matmul(query, key.transpose(-2, -1), out=scores)
+        scores.mul_(query.shape[-1] ** -0.5)
+        torch.softmax(scores, dim=-1, out=scores)
+        return scores @ value
+
+    def numpy_tiles(query, key, value, block):
+        q, k, v = (t.numpy().astype(np.float64) for t in (query, key, value))
+        out = np.empty((q.shape[0], v.shape[1]))
+        for q0 in range(0, q.shape[0], block):
+            scores = q[q0:q0 + block] @ k[:block].T / math.sqrt(q.shape[1])
+            top = scores.max(axis=1, keepdims=True)
+            total, acc = np.exp(scores - top).sum(axis=1, keepdims=True), np.exp(scores - top) @ v[:block]
+            for k0 in range(block, k.shape[0], block):
+                scores = q[q0:q0 + block] @ k[k0:k0 + block].T / math.sqrt(q.shape[1])
+                new_top = np.maximum(top, scores.max(axis=1, keepdims=True))
+                total = total * np.exp(top - new_top) + np.exp(scores - new_top).sum(axis=1, keepdims=True)
+                acc = acc * np.exp(top - new_top) + np.exp(scores - new_top) @ v[k0:k0 + block]
+                top = new_top
+            out[q0:q0 + block] = acc / total
+        return torch.from_numpy(out).to(query.dtype)
+
+    part = get_exercise("ex11").part("tiled_attention")
+    cases = [c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.data.get("memory")]
+    for case in cases:
+        full_matrix_bytes = case.args[0].shape[-2] * case.args[1].shape[-2] * 4
+        reference = tiled_attention(*case.args[:3], block_size=case.args[3])
+        for cheat in (into_prepared, prepared_in_warm_up):
+            output, used = part.run(cheat, case)
+            assert torch.allclose(output, reference, atol=1e-4)  # right answers: only the memory gives them away
+            assert used >= 0.9 * full_matrix_bytes > MEMORY_ALLOWANCE, (cheat.__name__, case.name, used)
+            assert "buffer prepared in advance" in part.verify(case, (output, used))
+        output, used = part.run(numpy_tiles, case)
+        assert torch.allclose(output, reference, atol=1e-4) and used <= MEMORY_ALLOWANCE, (case.name, used)
+
+
 @pytest.mark.parametrize(("name", "other", "source"), [
     ("W_q", "W_k", "in_proj_weight"), ("b_k", "b_v", "in_proj_bias"), ("W_q", "W_o", "out_proj"),
     ("b_o", "b_q", "out_proj"),

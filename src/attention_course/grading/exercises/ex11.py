@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from attention_course.efficient import tiled_attention as reference_tiled
 from attention_course.efficient import tiled_attention_step as reference_step
 from attention_course.grading.compare import close_problem, f64, float32_atol
 from attention_course.grading.declare import Check, Out, View, second_run
@@ -289,6 +290,20 @@ def _memory_baseline() -> int:
     return _memory_status()["VmRSS" if _reset_peak() else "VmHWM"]
 
 
+def _private_dirty() -> int | None:
+    """The bytes of memory this process alone holds and has written (``Private_Dirty``), or ``None`` where the
+    kernel does not say. In a forked child a page the parent held becomes private only once the child writes
+    it: a score matrix written into a buffer allocated before the call shows here, not in the peak."""
+    try:
+        with _open("/proc/self/smaps_rollup", encoding="ascii") as rollup:
+            for line in rollup:
+                if line.startswith("Private_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - Linux before 4.14
+        pass
+    return None
+
+
 def _memory_status() -> dict[str, int]:
     """This process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in bytes."""
     found: dict[str, int] = {}
@@ -314,9 +329,12 @@ class _RefuseAttentionCalls(TorchFunctionMode):
 
 def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
     """Call the learner's function in a forked child of this process and return its output and the most
-    memory the call added to the process (its peak resident set above the baseline of
-    :func:`_memory_baseline`; numbers, tensors and NumPy arrays alike). A small call first loads whatever code
-    the function needs."""
+    memory the call added to the process (numbers, tensors and NumPy arrays alike): its peak resident set
+    above the baseline of :func:`_memory_baseline`, or, if larger, the memory it wrote that the parent held
+    (:func:`_private_dirty`; a buffer allocated before the call, when the cell ran or in the small call,
+    and reused for the scores). A small call first loads whatever code the function needs, after the
+    library's own tiled loop has made the pages any such loop writes (the interpreter's, PyTorch's) the
+    child's."""
     small = Case("warm-up", (case.args[0][:8], case.args[1][:8], case.args[2][:8], case.args[3]))
     obj = unwatched(obj)  # the input watch's copies would count as the call's memory (other cases are watched)
     read_end, write_end = os.pipe()
@@ -327,11 +345,17 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
             os.close(read_end)
             # The parent's thread pool did not survive the fork; a parallel copy would wait on it forever.
             torch.set_num_threads(1)
+            reference_tiled(*small.args)
+            written = _private_dirty()
             with _RefuseAttentionCalls():
                 call_function(obj, small)
-                before = _memory_baseline()
+                dirtied = _private_dirty()
+                before = _memory_baseline()  # gives free heap pages back: counted apart from what the calls wrote
+                between = _private_dirty()
                 output = call_function(obj, case)
-            added = _memory_status()["VmHWM"] - before
+            added, end = _memory_status()["VmHWM"] - before, _private_dirty()
+            if None not in (written, dirtied, between, end):
+                added = max(added, dirtied - written + end - between)
             buffer = io.BytesIO()
             _save({"added": int(added), "output": output if isinstance(output, torch.Tensor) else None,
                    "error": None}, buffer)
@@ -381,9 +405,10 @@ def _memory(v: View) -> str | None:
     if added is None or added <= MEMORY_ALLOWANCE:
         return None
     full = query.shape[-2] * key.shape[-2] * query.element_size()
-    return (f"your function used {added / 2**20:.0f} MiB of memory at its peak; the full score matrix takes "
-            f"{full / 2**20:.0f} MiB and a tiled loop needs a few: compute scores one ({block}, {block}) tile "
-            "at a time, never for all keys at once (in PyTorch, NumPy or anything else)")
+    return (f"your function used {added / 2**20:.0f} MiB of memory (what it allocated at its peak, or what it "
+            f"wrote into buffers made before the call); the full score matrix takes {full / 2**20:.0f} MiB and a "
+            f"tiled loop needs a few: compute scores one ({block}, {block}) tile at a time, never for all keys at "
+            "once (in PyTorch, NumPy or anything else, and not into a buffer prepared in advance)")
 
 
 _TILED = Check(
