@@ -283,13 +283,43 @@ def given_away(text: str, solution: str, stated: str) -> list[str]:
     return [run for run in shared_expressions(text, solution) if f" {run} " not in stated]
 
 
+def check_texts_of(exercise_id: str) -> dict[str, list[tuple[int, str]]]:
+    """The texts of the exercise's check module (see :func:`module_texts`), and those of the code it imports from
+    another exercise's module (the bug hunt's dropout is ex08's): the imported definitions and the module's
+    top-level definitions they use, whose messages reach this exercise's learners too. File -> texts."""
+    package, own = "attention_course.grading.exercises.", (CHECK_MODULES / f"{exercise_id}.py").read_text()
+    found = {f"{exercise_id}.py": module_texts(own)}
+    for node in ast.walk(ast.parse(own)):
+        if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package)):
+            continue
+        module = node.module.removeprefix(package)
+        source = (CHECK_MODULES / f"{module}.py").read_text()
+        defined: dict[str, ast.stmt] = {}
+        for statement in ast.parse(source).body:
+            if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+                defined[statement.name] = statement
+            elif isinstance(statement, ast.Assign):
+                defined.update({target.id: statement for target in statement.targets if isinstance(target, ast.Name)})
+        wanted, used = [alias.name for alias in node.names], set()
+        while wanted:
+            name = wanted.pop()
+            if name in defined and name not in used:
+                used.add(name)
+                wanted += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name)]
+        lines = {line for name in used for line in range(defined[name].lineno, defined[name].end_lineno + 1)}
+        found[f"{module}.py ({', '.join(sorted(used))})"] = [(line, text) for line, text in module_texts(source)
+                                                              if line in lines]
+    return found
+
+
 @pytest.mark.parametrize("exercise_id", sorted(NOTEBOOK_OF))
 def test_no_check_message_writes_an_expression_of_the_solution(exercise_id):
     solution, stated = solution_code(NOTEBOOK_OF[exercise_id]), stated_to_the_learner(exercise_id)
-    texts = module_texts((CHECK_MODULES / f"{exercise_id}.py").read_text())
-    assert len(texts) > 20 and len(stated) > 1000
-    for line, text in texts:
-        assert not given_away(text, solution, stated), f"{exercise_id}.py line {line} writes the solution's code: {text!r}"
+    assert len(stated) > 1000
+    for where, texts in check_texts_of(exercise_id).items():
+        assert len(texts) > 3
+        for line, text in texts:
+            assert not given_away(text, solution, stated), f"{where} line {line} writes the solution's code: {text!r}"
     for part in get_exercise(exercise_id).parts:
         assert not given_away(part.summary, solution, stated), f"{exercise_id}.{part.name}'s summary: {part.summary!r}"
 
@@ -303,6 +333,11 @@ def test_a_message_that_gave_the_solution_away_is_caught():
     texts = module_texts(module)
     assert [line for line, text in texts if given_away(text, solution, stated)] == [2, 4]
     assert all("docstring" not in text for _, text in texts)
+    # Code one exercise imports from another is read too, and only that code: the bug hunt's dropout from ex08.
+    imported = [where for where in check_texts_of("bug_hunt") if where != "bug_hunt.py"]
+    assert imported == ["ex08.py (_called_twice, _drop_tolerance, _random_dropout_problem, run_dropout, "
+                        "verify_dropout)"]
+    assert list(check_texts_of("ex10")) == ["ex10.py"]
     # An expression the learner's notebook states is the task, not a give-away: ex08's pre-norm formula.
     ex08 = solution_code(NOTEBOOK_OF["ex08"])
     assert shared_expressions("pre-norm is x + sublayer(norm(x))", ex08)

@@ -133,7 +133,7 @@ def _verify_masks(case: Case, output: Any) -> Finding | None:
     got, causal = self_mask.expand(B, 1, Lt, Lt)[:, 0], torch.ones(Lt, Lt, dtype=torch.bool).tril().expand(B, Lt, Lt)
     rows = real_query.expand(B, Lt, Lt)
     if not torch.equal(got[rows], causal[rows]):
-        if Lt > 1 and torch.equal(got[rows], ~causal[rows]):  # at length 1 a mask without its diagonal is too
+        if Lt > 1 and torch.equal(got[rows], ~causal[rows]):  # length 1: a mask missing its diagonal looks inverted
             return _known("your self_mask is inverted: in the course True means 'may attend' (keys j <= i for query i)")
         if Lt > 1 and torch.equal(got[rows], causal.transpose(1, 2)[rows]):
             return _known("your self_mask lets query i see keys j >= i (upper triangle): it must be j <= i (lower, "
