@@ -10,7 +10,8 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises screenshot clean
+.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises screenshot clean \
+	course-model
 
 help:
 	@echo "make book       install into $(VENV), execute the lessons (in parallel, cached), build the site into _build/html"
@@ -18,6 +19,7 @@ help:
 	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
 	@echo "make numerics   re-run the lessons under other processors' rounding; list claims that break"
 	@echo "make gpu-check  run every lesson and solution live at its GPU sizes (emulated without a GPU); list claims that break"
+	@echo "make course-model  train the course model (about an hour on 2 cores, resumable) and write its checkpoint"
 	@echo "make exercises  regenerate the learner notebooks in exercises/ from exercises/solutions/"
 	@echo "make screenshot regenerate the README's screenshot of the site (_static/site-screenshot.png) from _build/html"
 	@echo "make clean      remove _build (the site and the cache of executed notebooks)"
@@ -107,6 +109,16 @@ numerics: $(STAMP)
 # Options: GPU_CHECK_ARGS="--jobs 4 --cell-limit 600 chapters/01_why_attention.ipynb" (see --help).
 gpu-check:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) -m tests.notebooks.gpu_check --install $(GPU_CHECK_ARGS)
+
+# For authors: train the course model from scratch and write its checkpoint into the package
+# (src/attention_course/data/course_model/). About an hour on two cores, minutes on a GPU; it saves a resumable
+# state in _build/course-model/ every few minutes, so running it again after an interruption continues the run.
+# It prints the files' SHA-256 to paste into attention_course.course_model.CHECKSUMS. It uses a GPU when there is
+# one (unlike the book, which stays on the CPU); COURSE_MODEL_DEVICE=cpu forces the CPU.
+course-model: $(STAMP)
+	$(if $(COURSE_MODEL_DEVICE),ATTENTION_COURSE_DEVICE=$(COURSE_MODEL_DEVICE),env -u ATTENTION_COURSE_DEVICE) \
+	  $(BIN)/python -c "import sys; from attention_course.course_model import main; main(sys.argv[1:])" \
+	  all --work _build/course-model
 
 exercises: $(STAMP)
 	$(BIN)/python -m attention_course.grading.generate

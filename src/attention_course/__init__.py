@@ -74,12 +74,22 @@ from attention_course.rotary import apply_rotary
 
 # Chapter 16: what attention heads learn
 from attention_course.interpretability import (
+    ActivationCache,
     AttentionOnlyLM,
+    LogitAttribution,
     ablate_heads,
     capture_attention,
     composition_scores,
+    copying_fraction,
+    copying_score,
+    direct_logit_attribution,
     induction_score,
+    logit_lens,
+    patch,
+    path_patch,
+    prefix_matching_score,
     previous_token_score,
+    run_with_cache,
 )
 
 # Chapter 13b: the modern block, one configuration object, real checkpoints
@@ -88,6 +98,10 @@ from attention_course.config import ModelConfig
 from attention_course.feedforward import SwiGLU
 from attention_course.masks import window_mask
 from attention_course.normalization import RMSNorm
+# The course model (chapters 13-17): trained once by `make course-model`, shipped in the package, loaded offline
+from attention_course.course_model import load_course_model, save_llama_checkpoint
+from attention_course.ngram import KneserNeyLM, bits_per_byte, lzma_bits_per_byte
+
 # Chapter 17: serving attention
 from attention_course.serving import (
     OutOfBlocksError,

@@ -139,6 +139,16 @@ class BPETokenizer:
         self.merges: list[tuple[str, str]] = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
                                               for m in _merges_of(tokenizer)]
 
+    @classmethod
+    def from_file(cls, path) -> BPETokenizer:
+        """A tokenizer saved with ``tokenizer.tokenizer.save(path)`` (a Hugging Face ``tokenizer.json``)."""
+        from tokenizers import Tokenizer
+
+        self = cls.__new__(cls)
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in _merges_of(self.tokenizer)]
+        return self
+
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
 

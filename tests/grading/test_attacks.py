@@ -717,10 +717,15 @@ def test_resource_attacks_are_stopped_by_the_limits(attacked):
     limited = {name: attacked.results[f"attack_{name}.ipynb"]["parts"][0]["message"]
                for name in ("memory_bomb_3_gb", "fork_bomb", "fills_the_disk")}
     assert "BLOCKED: no 3 GB" in limited["memory_bomb_3_gb"], limited
-    forks = int(limited["fork_bomb"].split("BLOCKED after ")[1].split()[0])
-    assert forks < Limits().processes, limited  # RLIMIT_NPROC binds (the worker is not root)
-    written = int(limited["fills_the_disk"].split("BLOCKED after ")[1].split()[0])
-    assert written <= DEFAULT_OUTPUT_LIMIT + 1, limited  # RLIMIT_FSIZE: the output limit plus one byte
+    # What matters is that a limit stopped each attack, not how far it got first: on a loaded machine the
+    # time limit can stop the fork bomb before RLIMIT_NPROC does, and either stop is a pass.
+    for name, limit in (("fork_bomb", Limits().processes - 1), ("fills_the_disk", DEFAULT_OUTPUT_LIMIT + 1)):
+        message = limited[name]
+        assert "LEAK" not in message, (name, message)
+        if "BLOCKED after " in message:  # RLIMIT_NPROC (the worker is not root) or RLIMIT_FSIZE bound
+            assert int(message.split("BLOCKED after ")[1].split()[0]) <= limit, (name, message)
+        else:
+            assert "within the time limit" in message, (name, message)
     # Re-announcing cannot stretch the notebook: it is stopped at its first repeat, not after its loop.
     assert attacked.results["attack_reannounces_its_step_forever.ipynb"]["seconds"] < 3 * TIMEOUT + STARTUP_TIMEOUT
 

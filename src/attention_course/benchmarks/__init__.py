@@ -19,4 +19,5 @@ BENCHMARKS: dict[str, str] = {
     "decoder_lm": "decoder_lm",
     "induction_heads": "induction",
     "serving": "serving",
+    "course_model": "course_model",
 }
