@@ -722,7 +722,8 @@ class ActivationCache:
         tokens: ``(B, L)`` the input.
         embed: ``(B, L, d)`` token embeddings.
         pos_embed: ``(B, L, d)`` what the positions add to them (zeros for rotary, ALiBi or no positions).
-        resid_pre, resid_post: each ``(B, L, d)``: the stream entering and leaving block ``l``.
+        resid_pre: ``(B, L, d)`` the stream entering block ``l``.
+        resid_post: ``(B, L, d)`` the stream leaving block ``l``.
         resid_mid: ``(B, L, d)`` between attention and feed-forward network (None for an attention-only model).
         attn_in: ``(B, L, d)`` what attention reads: ``norm1(resid_pre[l])`` (the stream itself without a norm).
         pattern: ``(B, H, L, L)`` attention weights, queries on rows.

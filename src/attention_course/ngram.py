@@ -8,7 +8,7 @@ model's nats per token on the compressor's scale, which does not depend on the t
 The n-gram model works on integer token ids of any vocabulary, with orders 1 to 5 and more (order n sees
 n - 1 tokens of context). Fitting and scoring are vectorised with numpy: every k-gram is encoded as one
 int64 key in base V (``key = ((w1·V + w2)·V + ...)·V + wk``, 60 bits for a 5-gram when V ≤ 4096), counts
-come from :func:`numpy.unique` over sorted keys and look-ups from :func:`numpy.searchsorted`.
+come from ``numpy.unique`` over sorted keys and look-ups from ``numpy.searchsorted``.
 
 Measured (numpy 2.2, one core of a busy 2-core machine, V = 2048, order 5, CPU time): fitting on 3.3 M
 tokens takes 0.4 s for Zipf-distributed phrases with repeats (0.7 s for i.i.d. Zipf tokens, 2.1 M distinct
