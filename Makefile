@@ -10,13 +10,13 @@ export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(wildcard chapters/*.ipynb) $(wildcard exercises/*.ipynb) $(wildcard exercises/solutions/*.ipynb)
 
-.PHONY: help install book test test-fast lint browser-deps grader-deps bench numerics gpu-check exercises screenshot clean \
+.PHONY: help install book test test-fast nbval lint browser-deps grader-deps bench numerics gpu-check exercises screenshot clean \
 	course-model
 
 help:
 	@echo "make book       install into $(VENV), execute the lessons (in parallel, cached), build the site into _build/html"
-	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site)"
-	@echo "make bench      run the benchmarks; figures go to _build/benchmarks.json"
+	@echo "make test       install, then run the whole test suite (lint, library, notebooks, grader, site, nbval)"
+	@echo "make bench      run the benchmarks (or only those named: make bench serving); figures go to _build/benchmarks.json"
 	@echo "make numerics   re-run the lessons under other processors' rounding; list claims that break"
 	@echo "make gpu-check  run every lesson and solution live at its GPU sizes (emulated without a GPU); list claims that break"
 	@echo "make course-model  train the course model (about an hour on 2 cores, resumable) and write its checkpoint"
@@ -88,15 +88,30 @@ grader-deps:
 # The whole suite: lint; library, notebook-structure and grader tests (two workers with one thread each: two busy
 # workers sharing threads stall each other); the book build, which executes every lesson and solution notebook
 # once and fails on any error (their checks are asserts in cells), and nothing when `make book` already built
-# the same sources; the built site, offline and in Chromium.
+# the same sources; the built site, offline and in Chromium; then nbval, which runs every notebook of the book a
+# second time and compares each cell's output with the build's (tests/nbval_sanitize.cfg lists what may differ).
+# Each pytest run lists its 25 slowest steps; a test whose call takes over 60 s of CPU fails (tests/conftest.py).
 test: lint grader-deps
-	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope tests/unit tests/notebooks tests/grading
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope --durations=25 tests/unit tests/notebooks tests/grading
 	$(MAKE) book
 	$(MAKE) browser-deps
-	COURSE_SITE=$(CURDIR)/_build/html $(BIN)/pytest -q tests/book tests/browser
+	COURSE_SITE=$(CURDIR)/_build/html $(BIN)/pytest -q --durations=25 tests/book tests/browser
+	$(MAKE) nbval
 
+# nbval over the notebooks the book build executed (tests/book/nbval_reference.py): each runs again in a fresh
+# kernel with the build's environment, two at a time, and every output must match the build's.
+nbval: book
+	$(BIN)/python -m tests.book.nbval_reference --run
+
+# `make bench` runs every benchmark; `make bench serving induction_heads` runs the ones named (the names after
+# `bench` are taken as benchmark names, not as targets).
+BENCH_NAMES := $(if $(filter bench,$(MAKECMDGOALS)),$(filter-out bench,$(MAKECMDGOALS)))
 bench: $(STAMP)
-	$(BIN)/python -m attention_course.benchmarks
+	$(BIN)/python -m attention_course.benchmarks $(BENCH_NAMES)
+ifneq ($(BENCH_NAMES),)
+$(BENCH_NAMES):
+	@:
+endif
 
 # For authors: re-run the lessons under other processors' float rounding (AVX2 kernels, MKL's compatible
 # path, one thread) and list every claim that fails; a claim about a trained model must hold on any machine.

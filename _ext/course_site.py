@@ -462,8 +462,8 @@ def _import_object(dotted: str):
 def resolve_reexports(app: Sphinx, env, node, contnode):
     """Resolve ``attention_course.KVCache`` (a re-export) to where it is documented (``...kv_cache.KVCache``).
 
-    The library re-exports names from the top of the package and from compatibility modules such as
-    ``attention_course.efficient``; docstrings name them either way, the reference documents each once.
+    The library re-exports names from the top of the package; docstrings name them either way, the
+    reference documents each once.
     """
     if node.get("refdomain") != "py":
         return None

@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 from attention_course.display import show, source_of
 from attention_course.plotting import (
     ATTENTION_CMAP,
+    DIVERGING_CMAP,
     OKABE_ITO,
     plot_attention,
     plot_attention_grid,
@@ -40,28 +41,60 @@ from attention_course.positional import (
 from attention_course.transformer import Decoder, Encoder, Transformer
 
 # Chapter 1: the recurrent encoder-decoder with additive attention
-from attention_course.rnn import AttentionGRUDecoder, GRUEncoder, Seq2SeqGRU
+from attention_course.rnn import AttentionGRUDecoder, GRUEncoder, Seq2SeqGRU, sequence_accuracy, train_seq2seq
 
 # Chapter 9: an encoder-only classifier
 from attention_course.classifier import EncoderClassifier, pool_tokens
 
 # Chapter 10: training and decoding the full Transformer
-from attention_course.decoding import beam_search, greedy_decode
-from attention_course.training import LabelSmoothingLoss, warmup_lr
-
-# Chapter 11: making attention fast
-from attention_course.efficient import (
-    KVCache,
-    cached_greedy_decode,
-    layer_macs,
-    measure_peak_memory,
-    online_softmax_update,
-    tiled_attention,
+from attention_course.decoding import beam_search, greedy_decode, length_penalty_factor, sequence_log_probs
+from attention_course.training import (
+    LabelSmoothingLoss,
+    TorchTranslator,
+    evaluate_translations,
+    teacher_forced_exact_match,
+    teacher_forcing,
+    train_step,
+    train_translator,
+    transformer_optimizer,
+    translation_loss,
+    warmup_lr,
 )
 
+# Chapter 11: making attention fast
+from attention_course.cost import layer_macs, measure_peak_memory
+from attention_course.incremental import (
+    DecodingCache,
+    cached_greedy_decode,
+    cached_self_attention,
+    decode_step,
+    decoder_layer_step,
+)
+from attention_course.kv_cache import KVCache
+from attention_course.tiled import online_softmax, online_softmax_update, tiled_attention, tiled_attention_step
+
 # Chapter 13: decoder-only language models
-from attention_course.language_model import DecoderOnlyBlock, DecoderOnlyLM
-from attention_course.sampling import sample_next_token
+from attention_course.language_model import (
+    DecoderOnlyBlock,
+    DecoderOnlyLM,
+    bigram_cross_entropy,
+    evaluate_lm,
+    next_token_loss,
+    prefix_causal_mask,
+    random_windows,
+    train_language_model,
+    unigram_cross_entropy,
+    warmup_cosine_lr,
+)
+from attention_course.prefix_translation import (
+    encode_prefix_pairs,
+    joint_vocabulary,
+    prefix_exact_match,
+    prefix_greedy_translate,
+    train_prefix_translator,
+)
+from attention_course.sampling import chi_square_p_value, sample_next_token, top_k_filter, top_p_filter
+from attention_course.tokenization import BPETokenizer, CharTokenizer, count_pairs, merge_pair
 from attention_course.vocabulary import Vocabulary
 
 # Chapters 14 and 15: positions for long contexts, attention at inference scale
@@ -70,7 +103,7 @@ from attention_course.cost import kv_cache_bytes
 from attention_course.grouped_query import grouped_query_attention
 from attention_course.layers import DecoderLayerCache
 from attention_course.masks import sliding_window_mask
-from attention_course.rotary import apply_rotary
+from attention_course.rotary import apply_rotary, rotary_frequencies
 
 # Chapter 16: what attention heads learn
 from attention_course.interpretability import (
@@ -83,13 +116,17 @@ from attention_course.interpretability import (
     copying_fraction,
     copying_score,
     direct_logit_attribution,
+    in_context_learning_score,
     induction_score,
     logit_lens,
     patch,
     path_patch,
+    per_position_loss,
     prefix_matching_score,
     previous_token_score,
+    repeated_random_tokens,
     run_with_cache,
+    train_on_repeats,
 )
 
 # Chapter 13b: the modern block, one configuration object, real checkpoints
@@ -99,7 +136,15 @@ from attention_course.feedforward import SwiGLU
 from attention_course.masks import window_mask
 from attention_course.normalization import RMSNorm
 # The course model (chapters 13-17): trained once by `make course-model`, shipped in the package, loaded offline
-from attention_course.course_model import load_course_model, save_llama_checkpoint
+from attention_course.course_model import (
+    COURSE_MODEL_DIR,
+    course_corpus,
+    encode_files,
+    evaluation_text,
+    load_course_model,
+    new_course_model,
+    save_llama_checkpoint,
+)
 from attention_course.ngram import KneserNeyLM, bits_per_byte, lzma_bits_per_byte
 
 # Chapter 17: serving attention
@@ -112,6 +157,18 @@ from attention_course.serving import (
     paged_generate,
     serve_continuous,
     serve_static,
+    paged_attention,
     speculative_accept,
     speculative_generate,
 )
+from attention_course.serving_draft import (
+    NGramDraft,
+    chi_square_power,
+    speculative_token_distribution,
+    truncated_draft,
+)
+from attention_course.serving_scheduler import PrefixCache, percentile, serve_preemptive, serve_reserved
+
+# The generated data sets, one module per task: ac.tasks.translation.make_translation_data(...)
+# isort: split
+from attention_course import tasks

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from attention_course.attention import masked_softmax
+from attention_course.checks import check_int
 
 __all__ = ["AdditiveAttention"]
 
@@ -37,8 +38,7 @@ class AdditiveAttention(nn.Module):
     def __init__(self, query_dim: int, key_dim: int, hidden_dim: int) -> None:
         super().__init__()
         for name, value in (("query_dim", query_dim), ("key_dim", key_dim), ("hidden_dim", hidden_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value)
         self.query_dim = query_dim
         self.key_dim = key_dim
         self.w_q = nn.Linear(query_dim, hidden_dim, bias=False)

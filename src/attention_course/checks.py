@@ -98,8 +98,6 @@ def check_decoding_args(src: Tensor, max_len: int, bos_id: int, eos_id: int) -> 
         raise ValueError(f"src must be a (batch, length) tensor of token ids, got {shape}")
     if src.is_floating_point() or src.dtype == torch.bool:
         raise TypeError(f"src must hold integer token ids, got dtype {src.dtype}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+    check_int("max_len", max_len)
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        check_int(name, value, minimum=0)

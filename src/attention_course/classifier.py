@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.masks import padding_mask
 from attention_course.positional import PositionalEncoding
 from attention_course.transformer import Encoder
@@ -90,8 +91,7 @@ class EncoderClassifier(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if not 0 <= pad_id < vocab_size:

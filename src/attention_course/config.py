@@ -12,14 +12,14 @@ so one object describes a whole model:
     >>> llama_like = ModelConfig(positions="rotary", rotary_pairing="half", num_kv_heads=2,
     ...                          norm="rmsnorm", feed_forward="swiglu", bias=False)
 
-The older keyword arguments (``num_kv_heads=``, ``positions=``, ``bias=`` of the attention module,
-``attention_kwargs=`` of a decoder-only block) keep working; giving one of them *and* a config that sets the
-same option differently is an error, never a silent choice between the two.
+The config is the one way to give these choices (``DecoderOnlyBlock(64, 8, 256, config=ModelConfig(...))``).
+The one exception is the course's public signature of ``MultiHeadAttention``, which names ``bias=`` and
+``num_kv_heads=``: they are folded into its config, and giving one both ways, differently, is an error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from attention_course.checks import check_int
@@ -108,25 +108,10 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-def resolve_config(config: ModelConfig | None, owner: str, **explicit: tuple[Any, Any]) -> ModelConfig:
-    """Merge a module's older keyword arguments into ``config``.
-
-    ``explicit`` maps a field name to ``(value given, that argument's default)``. An argument left at its
-    default defers to the config; one that was set is used, unless the config sets the same field to
-    something else, which raises a ``ValueError`` naming both.
-    """
+def resolve_config(config: ModelConfig | None) -> ModelConfig:
+    """``config``, or the default :class:`ModelConfig` when it is None; anything else is a ``TypeError``."""
     if config is None:
-        config = ModelConfig()
-    elif not isinstance(config, ModelConfig):
+        return ModelConfig()
+    if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be an attention_course.ModelConfig, got {type(config).__name__}")
-    defaults = {f.name: f.default for f in fields(ModelConfig)}
-    changes = {}
-    for name, (value, argument_default) in explicit.items():
-        if value == argument_default:
-            continue
-        configured = getattr(config, name)
-        if configured != defaults[name] and configured != value:
-            raise ValueError(f"{owner}: {name}={value!r} was given both as an argument and, differently, in "
-                             f"config ({name}={configured!r}); give it in one place")
-        changes[name] = value
-    return config.replace(**changes) if changes else config
+    return config

@@ -42,7 +42,8 @@ from attention_course.tasks.stdlib_text import StdlibCorpus, load_stdlib_corpus
 from attention_course.tokenization import BPETokenizer
 
 __all__ = ["CHECKSUMS", "COURSE_MODEL_DIR", "RECIPE", "CourseModelRecipe", "encode_files", "export_course_model",
-           "course_corpus", "load_course_model", "new_course_model", "save_llama_checkpoint", "train_course_model"]
+           "course_corpus", "evaluation_text", "load_course_model", "new_course_model", "save_llama_checkpoint",
+           "train_course_model"]
 
 #: Where the shipped checkpoint lives inside the installed package.
 COURSE_MODEL_DIR = Path(__file__).parent / "data" / "course_model"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attention_course.checks import check_decoding_args
+from attention_course.checks import check_decoding_args, check_int
 from attention_course.masks import causal_mask, source_mask
 
 __all__ = ["beam_search", "greedy_decode", "length_penalty_factor", "sequence_log_probs"]
@@ -131,8 +131,7 @@ def beam_search(
         ``pad_id`` (or ``eos_id``).
     """
     check_decoding_args(src, max_len, bos_id, eos_id)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    check_int("beam_size", beam_size)
     if not length_penalty >= 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty!r}")
     src_mask = source_mask(src, pad_id, src_mask)

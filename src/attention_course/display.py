@@ -62,12 +62,32 @@ class _HighlightedSource:
         return f"# {self.title}\n{self.source}"
 
 
+def _library_object(path: str) -> Any:
+    """``"module.name"`` inside attention_course (``"tiled._tiled_backward"``) -> that object."""
+    import importlib
+
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"name a library object as 'module.name' (e.g. 'tiled.tiled_attention'), got {path!r}")
+    try:
+        module = importlib.import_module(f"attention_course.{module_name}")
+    except ModuleNotFoundError:
+        raise ValueError(f"attention_course has no module {module_name!r} (from {path!r})") from None
+    if not hasattr(module, attribute):
+        raise ValueError(f"attention_course.{module_name} has no {attribute!r}")
+    return getattr(module, attribute)
+
+
 def show(obj: Any) -> _HighlightedSource:
     """Display the source of a library object with syntax highlighting.
 
     Use it as the last expression of a cell: ``show(attention_course.causal_mask)``. In the book and in
-    Jupyter or Colab it renders as highlighted HTML; in a terminal it prints as plain text.
+    Jupyter or Colab it renders as highlighted HTML; in a terminal it prints as plain text. ``obj`` may
+    also name a library object by its path inside the package, ``show("tiled._tiled_backward")``: a
+    helper that is not exported, shown without a deep import.
     """
+    if isinstance(obj, str):
+        obj = _library_object(obj)
     module = getattr(obj, "__module__", None) or ""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", repr(obj))
     return _HighlightedSource(source_of(obj), f"{module}.{name}" if module else name)

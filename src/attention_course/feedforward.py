@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from attention_course.checks import check_int
 from attention_course.config import ModelConfig
 from attention_course.normalization import Dropout
 
@@ -25,8 +26,7 @@ _ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
 def _check_sizes(d_model: object, d_ff: object) -> None:
     for name, value in (("d_model", d_model), ("d_ff", d_ff)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
 
 
 class PositionwiseFeedForward(nn.Module):

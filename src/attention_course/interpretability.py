@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attention_course.checks import check_int
+from attention_course.config import ModelConfig
 from attention_course.language_model import DecoderOnlyLM
 from attention_course.masks import causal_mask
 from attention_course.multihead import MultiHeadAttention
@@ -103,7 +104,7 @@ class AttentionOnlyBlock(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, positions: str | None = None) -> None:
         super().__init__()
-        self.self_attention = MultiHeadAttention(d_model, num_heads, positions=positions)
+        self.self_attention = MultiHeadAttention(d_model, num_heads, config=ModelConfig(positions=positions))
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         if mask is None:

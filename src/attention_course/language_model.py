@@ -15,7 +15,7 @@ One block computes the same function as ``nn.TransformerEncoderLayer(norm_first=
 each position's prediction against the token that follows it. Generation (:meth:`DecoderOnlyLM.generate`)
 samples one token at a time with :func:`~attention_course.sampling.sample_next_token`, and with
 ``use_cache=True`` feeds only the newest token through the stack, reading earlier keys and values from one
-:class:`~attention_course.efficient.KVCache` per block (:func:`~attention_course.efficient.cached_self_attention`).
+:class:`~attention_course.KVCache` per block (:func:`~attention_course.cached_self_attention`).
 
 Also here: the unigram and bigram baselines a language model must beat (:func:`unigram_cross_entropy`,
 :func:`bigram_cross_entropy`), the warm-up + cosine learning-rate schedule, random training windows,
@@ -29,16 +29,17 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.config import ModelConfig, resolve_config
 from attention_course.cost import kv_cache_bytes
-from attention_course.efficient import KVCache, cached_self_attention
 from attention_course.feedforward import feed_forward_for
+from attention_course.incremental import cached_self_attention
+from attention_course.kv_cache import KVCache
 from attention_course.layers import EncoderLayer
 from attention_course.masks import causal_mask, sliding_window_mask
 from attention_course.multihead import MultiHeadAttention
@@ -65,30 +66,10 @@ __all__ = [
 POSITIONS = ("learned", "sinusoidal", "none")
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 def _check_tokens(tokens: object, name: str = "tokens") -> None:
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, Tensor) else type(tokens).__name__
         raise ValueError(f"{name} must be a (batch, length) int64 tensor, got {got}")
-
-
-_ATTENTION_ARGUMENT_DEFAULTS = {"bias": True, "num_kv_heads": None, "positions": None, "rotary_base": 10000.0}
-
-
-def _merge_attention_kwargs(config: ModelConfig | None, attention_kwargs: dict[str, Any] | None,
-                            owner: str) -> ModelConfig:
-    """``attention_kwargs`` (the older way to pass attention options) folded into ``config``."""
-    attention_kwargs = dict(attention_kwargs or {})
-    unknown = sorted(set(attention_kwargs) - set(_ATTENTION_ARGUMENT_DEFAULTS))
-    if unknown:
-        raise TypeError(f"{owner}: unknown attention_kwargs {unknown}; the options are "
-                        f"{sorted(_ATTENTION_ARGUMENT_DEFAULTS)} (or pass config=ModelConfig(...))")
-    return resolve_config(config, owner, **{name: (value, _ATTENTION_ARGUMENT_DEFAULTS[name])
-                                            for name, value in attention_kwargs.items()})
 
 
 def _default_mask(length: int, window: int | None, device: torch.device) -> Tensor:
@@ -107,10 +88,8 @@ class DecoderOnlyBlock(nn.Module):
         num_heads: attention heads.
         d_ff: hidden width of the feed-forward network.
         dropout: dropout on the attention weights, the feed-forward hidden layer and both residual branches.
-        attention_kwargs: extra keyword arguments for :class:`~attention_course.MultiHeadAttention`
-            (for example ``num_kv_heads`` for grouped-query attention, chapter 15): the older spelling of
-            the attention fields of ``config`` (``bias``, ``num_kv_heads``, ``positions``, ``rotary_base``).
-        config: a :class:`~attention_course.ModelConfig`: the attention options, the normalisation
+        config: a :class:`~attention_course.ModelConfig`: the attention options (for example
+            ``num_kv_heads`` for grouped-query attention, chapter 15), the normalisation
             (LayerNorm or RMSNorm), the feed-forward network (ReLU, GELU or SwiGLU), biases, and a sliding
             window for the default mask. Default: the 2019 block (LayerNorm, ReLU, biases).
 
@@ -123,11 +102,10 @@ class DecoderOnlyBlock(nn.Module):
 
     def __init__(
         self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0,
-        attention_kwargs: dict[str, Any] | None = None,
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        config = _merge_attention_kwargs(config, attention_kwargs, type(self).__name__)
+        config = resolve_config(config)
         self.config = config
         self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)
         self.feed_forward = feed_forward_for(d_model, d_ff, dropout=dropout, config=config)
@@ -178,7 +156,7 @@ class DecoderOnlyBlock(nn.Module):
 
 @dataclass
 class LMCache:
-    """What generation with a KV cache keeps: one :class:`~attention_course.efficient.KVCache` per block and
+    """What generation with a KV cache keeps: one :class:`~attention_course.KVCache` per block and
     the number of positions already processed (where the next token's position starts)."""
 
     layers: list[KVCache]
@@ -205,13 +183,10 @@ class DecoderOnlyLM(nn.Module):
             encodes positions itself, chapter 14).
         tie_weights: share the output layer's weight with the token embedding (saves ``V * d_model``
             parameters).
-        num_kv_heads: key/value heads for grouped-query attention (chapter 15); None = one per query head.
-            Passed on to :class:`~attention_course.MultiHeadAttention` only when given.
-        attention_kwargs: any further keyword arguments for :class:`~attention_course.MultiHeadAttention`.
         config: a :class:`~attention_course.ModelConfig` for every block, the final normalisation and the
-            initialisation: rotary or ALiBi attention (with ``positions="none"`` here), grouped-query heads,
-            RMSNorm, GELU or SwiGLU, bias-free projections, GPT-2's scaled initialisation, a sliding window.
-            ``num_kv_heads`` and ``attention_kwargs``, when given, must agree with it.
+            initialisation: rotary or ALiBi attention (with ``positions="none"`` here), grouped-query heads
+            (``num_kv_heads``, chapter 15), RMSNorm, GELU or SwiGLU, bias-free projections, GPT-2's scaled
+            initialisation, a sliding window.
 
     Attributes:
         config: the resolved :class:`~attention_course.ModelConfig`.
@@ -231,20 +206,17 @@ class DecoderOnlyLM(nn.Module):
         dropout: float = 0.0,
         positions: str = "learned",
         tie_weights: bool = True,
-        num_kv_heads: int | None = None,
-        attention_kwargs: dict[str, Any] | None = None,
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
                             ("num_layers", num_layers), ("max_len", max_len)):
-            _check_positive_int(name, value)
+            check_int(name, value)
         if positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
         d_ff = 4 * d_model if d_ff is None else d_ff
-        _check_positive_int("d_ff", d_ff)
-        config = _merge_attention_kwargs(config, attention_kwargs, type(self).__name__)
-        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None))
+        check_int("d_ff", d_ff)
+        config = resolve_config(config)
         self.config = config
         self.vocab_size, self.d_model, self.max_len, self.positions = vocab_size, d_model, max_len, positions
         self.token_embedding = nn.Embedding(vocab_size, d_model)
@@ -378,8 +350,7 @@ class DecoderOnlyLM(nn.Module):
         _check_tokens(tokens, "prompt_ids")
         if tokens.size(1) < 1:
             raise ValueError("prompt_ids must hold at least one token")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        check_int("max_new_tokens", max_new_tokens, minimum=0)
         if tokens.size(1) + max_new_tokens > self.max_len:
             raise ValueError(f"prompt length {tokens.size(1)} + max_new_tokens {max_new_tokens} exceeds "
                              f"max_len={self.max_len}")
@@ -559,7 +530,7 @@ def train_language_model(
     Returns:
         An :class:`LMTrainingLog`.
     """
-    _check_positive_int("steps", steps)
+    check_int("steps", steps)
     device = next(model.parameters()).device
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

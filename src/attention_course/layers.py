@@ -76,12 +76,10 @@ class EncoderLayer(nn.Module):
         dropout: probability for the attention weights, the feed-forward hidden layer and both residual
             branches (one value for all, as in PyTorch).
         norm_first: False for post-norm (the paper), True for pre-norm.
-        num_kv_heads: key/value heads of the self-attention (grouped-query attention; default: one per head).
-        positions: the self-attention's position scheme, ``None``, ``"rotary"`` or ``"alibi"`` (see
-            :class:`~attention_course.MultiHeadAttention`).
-        config: a :class:`~attention_course.ModelConfig` with the layer's choices (attention options,
-            normalisation, feed-forward activation, biases); ``num_kv_heads`` and ``positions``, when given,
-            must agree with it.
+        config: a :class:`~attention_course.ModelConfig` with the layer's choices: the self-attention's
+            options (``num_kv_heads`` for grouped-query attention, ``positions`` ``None``, ``"rotary"`` or
+            ``"alibi"``; see :class:`~attention_course.MultiHeadAttention`), normalisation, feed-forward
+            activation, biases.
 
     Attributes:
         self_attention_weights: the ``(B, H, L, L)`` attention weights of the last forward call (detached),
@@ -100,13 +98,10 @@ class EncoderLayer(nn.Module):
         d_ff: int,
         dropout: float = 0.1,
         norm_first: bool = False,
-        num_kv_heads: int | None = None,
-        positions: str | None = None,
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None),
-                                positions=(positions, None))
+        config = resolve_config(config)
         self.config = config
         self.norm_first = norm_first
         self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)
@@ -183,8 +178,8 @@ class DecoderLayer(nn.Module):
     the self-attention appends their keys and values to the cache and attends causally to all of them, and
     the cross-attention projects ``memory`` once, at the first step, and reuses its keys and values after.
 
-    ``num_kv_heads`` (grouped-query attention) applies to both attentions; ``positions`` (``"rotary"`` or
-    ``"alibi"``) to the self-attention only: source and target positions are not on one axis.
+    The config's ``num_kv_heads`` (grouped-query attention) applies to both attentions; its ``positions``
+    (``"rotary"`` or ``"alibi"``) to the self-attention only: source and target positions are not on one axis.
     """
 
     def __init__(
@@ -194,13 +189,10 @@ class DecoderLayer(nn.Module):
         d_ff: int,
         dropout: float = 0.1,
         norm_first: bool = False,
-        num_kv_heads: int | None = None,
-        positions: str | None = None,
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        config = resolve_config(config, type(self).__name__, num_kv_heads=(num_kv_heads, None),
-                                positions=(positions, None))
+        config = resolve_config(config)
         self.config = config
         self.norm_first = norm_first
         self.self_attention = MultiHeadAttention(d_model, num_heads, dropout=dropout, config=config)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
+
 __all__ = ["causal_mask", "combine_masks", "padding_mask", "sliding_window_mask", "window_mask"]
 
 
@@ -33,8 +35,8 @@ def window_mask(query_positions: Tensor, key_positions: Tensor, window: int | No
     Returns:
         ``(Lq, Lk)`` bool, True = may attend.
     """
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int or None, got {window!r}")
+    if window is not None:
+        check_int("window", window)
     offset = query_positions[:, None] - key_positions[None, :]  # (Lq, Lk): how far back each key is
     allowed = offset >= 0
     return allowed if window is None else allowed & (offset < window)
@@ -56,8 +58,7 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> Tensor:
                 [1, 1, 0],
                 [1, 1, 1]], dtype=torch.int32)
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int, got {size!r}")
+    check_int("size", size)
     return torch.ones(size, size, dtype=torch.bool, device=device).tril()
 
 
@@ -85,8 +86,7 @@ def sliding_window_mask(length: int, window: int, device: torch.device | str | N
                 [0, 0, 1, 1]], dtype=torch.int32)
     """
     for name, value in (("length", length), ("window", window)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     positions = torch.arange(length, device=device)
     return window_mask(positions, positions, window)  # (L, L)
 

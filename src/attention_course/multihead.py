@@ -50,6 +50,24 @@ def _refuse_rank3_mask(mask: Tensor | None, batch: int, num_heads: int) -> None:
         )
 
 
+def _with_contract_keywords(config: ModelConfig, bias: bool, num_kv_heads: int | None) -> ModelConfig:
+    """Fold the two keywords of the public signature (``bias``, ``num_kv_heads``) into ``config``.
+
+    A keyword left at its default defers to the config; one that was set is used, unless the config sets the
+    same option to something else, which is an error naming both rather than a silent choice.
+    """
+    changes = {}
+    for name, value, default in (("bias", bias, True), ("num_kv_heads", num_kv_heads, None)):
+        if value == default:
+            continue
+        configured = getattr(config, name)
+        if configured != default and configured != value:
+            raise ValueError(f"MultiHeadAttention: {name}={value!r} was given both as an argument and, "
+                             f"differently, in config ({name}={configured!r}); give it in one place")
+        changes[name] = value
+    return config.replace(**changes) if changes else config
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate query, key, value and output projections.
 
@@ -58,14 +76,16 @@ class MultiHeadAttention(nn.Module):
         num_heads: number of heads h; each head has ``d_head = d_model // num_heads`` features.
         dropout: dropout probability on the attention weights (as in ``nn.MultiheadAttention``), active in
             training mode only.
-        bias: whether the four projections have a bias.
-        num_kv_heads: key/value heads (default ``num_heads``: multi-head attention); must divide
-            ``num_heads``. Fewer gives grouped-query attention, ``1`` multi-query attention.
-        positions: ``None`` (positions, if any, were added to the input), ``"rotary"`` (rotate queries and
-            keys by their positions) or ``"alibi"`` (add ``-m_h·|i - j|`` to head h's scores).
-        rotary_base: the frequency base of the rotary embedding.
-        config: a :class:`~attention_course.ModelConfig` carrying these options (and the rotary pairing and
-            sliding window) as one object; the keyword arguments above, when set, must agree with it.
+        bias: whether the four projections have a bias (the course's public signature; the same as
+            ``config.bias``: give it in one place).
+        num_kv_heads: key/value heads (the same as ``config.num_kv_heads``: give it in one place).
+        config: a :class:`~attention_course.ModelConfig` with the layer's options (default: all off):
+            ``bias`` (whether the four projections have a bias); ``num_kv_heads`` (key/value heads, default
+            ``num_heads``: multi-head attention; must divide ``num_heads``; fewer gives grouped-query
+            attention, ``1`` multi-query attention); ``positions`` (``None``: positions, if any, were added
+            to the input; ``"rotary"``: rotate queries and keys by their positions; ``"alibi"``: add
+            ``-m_h·|i - j|`` to head h's scores); ``rotary_base`` and ``rotary_pairing``; ``window``.
+            For example ``MultiHeadAttention(64, 8, config=ModelConfig(num_kv_heads=2))``.
 
     Attributes:
         config: the resolved :class:`~attention_course.ModelConfig` (what the layer was built with).
@@ -91,14 +111,11 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         num_kv_heads: int | None = None,
-        positions: str | None = None,
-        rotary_base: float = 10000.0,
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (("d_model", d_model), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int("d_model", d_model)
+        check_int("num_heads", num_heads)
         if d_model % num_heads != 0:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}: each head needs "
@@ -106,8 +123,7 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        config = resolve_config(config, "MultiHeadAttention", bias=(bias, True), num_kv_heads=(num_kv_heads, None),
-                                positions=(positions, None), rotary_base=(rotary_base, 10000.0))
+        config = _with_contract_keywords(resolve_config(config), bias=bias, num_kv_heads=num_kv_heads)
         self.config = config
         bias, positions, rotary_base = config.bias, config.positions, config.rotary_base
         num_kv_heads = num_heads if config.num_kv_heads is None else config.num_kv_heads
@@ -311,7 +327,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("add_bias_kv=True and add_zero_attn=True are not supported")
         bias = module.in_proj_bias is not None
         weight = module.in_proj_weight
-        new = cls(d_model, module.num_heads, dropout=module.dropout, bias=bias).to(
+        new = cls(d_model, module.num_heads, dropout=module.dropout, config=ModelConfig(bias=bias)).to(
             device=weight.device, dtype=weight.dtype
         )
         with torch.no_grad():

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attention_course.checks import check_int
+
 __all__ = ["KneserNeyLM", "bits_per_byte", "lzma_bits_per_byte"]
 
 # An estimated discount is clipped into [MIN_DISCOUNT, MAX_DISCOUNT]. D = 0 would leave a seen context no
@@ -142,8 +144,7 @@ class KneserNeyLM:
 
     def __init__(self, order: int, vocab_size: int, discounts: Sequence[float] | None = None) -> None:
         for name, value in (("order", order), ("vocab_size", vocab_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value)
         if vocab_size**order > 2**63 - 1:
             raise ValueError(f"order={order} with vocab_size={vocab_size} needs n-gram keys of "
                              f"{math.ceil(order * math.log2(vocab_size))} bits; at most 63 fit in int64")

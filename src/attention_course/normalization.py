@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.config import ModelConfig
 
 __all__ = ["Dropout", "LayerNorm", "RMSNorm", "norm_for"]
 
 
 def _check_norm_arguments(d_model: int, eps: float) -> None:
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
+    check_int("d_model", d_model)
     if not eps > 0:
         raise ValueError(f"eps must be positive, got {eps!r}")
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from attention_course.checks import check_int
+
 __all__ = ["PAPER_CONFIGS", "count_parameters", "transformer_parameter_count"]
 
 #: The two models of the paper's Table 3, with the sizes they report. "vocab_size" is the shared
@@ -86,8 +88,7 @@ def transformer_parameter_count(
     """
     for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("d_ff", d_ff),
                         ("num_layers", num_layers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     num_decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
     tgt_vocab_size = vocab_size if tgt_vocab_size is None else tgt_vocab_size
     if tie_embeddings and tgt_vocab_size != vocab_size:

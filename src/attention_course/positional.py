@@ -15,14 +15,10 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.normalization import Dropout
 
 __all__ = ["LearnedPositionalEmbedding", "PositionalEncoding", "sinusoidal_positional_encoding"]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def sinusoidal_positional_encoding(
@@ -47,10 +43,11 @@ def sinusoidal_positional_encoding(
         device: device of the result.
 
     Raises:
-        ValueError: ``d_model`` is odd, or an argument is not a positive int.
+        TypeError: an argument is not an int.
+        ValueError: ``d_model`` is odd, or an argument is less than 1.
     """
-    _check_positive_int("num_positions", num_positions)
-    _check_positive_int("d_model", d_model)
+    check_int("num_positions", num_positions)
+    check_int("d_model", d_model)
     if d_model % 2 != 0:
         raise ValueError(f"d_model must be even (features come in sin/cos pairs), got d_model={d_model}")
     position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
@@ -66,8 +63,7 @@ def sinusoidal_positional_encoding(
 def _check_input(x: Tensor, d_model: int, max_len: int, offset: int) -> None:
     if x.dim() != 3 or x.size(-1) != d_model:
         raise ValueError(f"expected input of shape (batch, length, d_model={d_model}), got {tuple(x.shape)}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    check_int("offset", offset, minimum=0)
     if offset + x.size(1) > max_len:
         raise ValueError(
             f"positions {offset}..{offset + x.size(1) - 1} exceed max_len={max_len}; "
@@ -94,7 +90,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.1) -> None:
         super().__init__()
-        _check_positive_int("max_len", max_len)
+        check_int("max_len", max_len)
         self.d_model = d_model
         self.max_len = max_len
         # A buffer, not a parameter: it moves with .to(device) but is not trained or saved.
@@ -120,8 +116,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, dropout: float = 0.1) -> None:
         super().__init__()
-        _check_positive_int("max_len", max_len)
-        _check_positive_int("d_model", d_model)
+        check_int("max_len", max_len)
+        check_int("d_model", d_model)
         self.d_model = d_model
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)

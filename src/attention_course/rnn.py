@@ -29,6 +29,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attention_course.additive import AdditiveAttention
 from attention_course.attention import masked_softmax
+from attention_course.checks import check_int
 from attention_course.runtime import fused_adam
 
 __all__ = [
@@ -39,11 +40,6 @@ __all__ = [
     "sequence_accuracy",
     "train_seq2seq",
 ]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _check_tokens(tokens: object, name: str, vocab_size: int) -> None:
@@ -100,7 +96,7 @@ class GRUEncoder(nn.Module):
     def __init__(self, vocab_size: int, embed_dim: int, hidden_dim: int, pad_id: int = 0) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden_dim", hidden_dim)):
-            _check_positive_int(name, value)
+            check_int(name, value)
         if not 0 <= pad_id < vocab_size:
             raise ValueError(f"pad_id must be a token id in [0, {vocab_size}), got {pad_id}")
         self.vocab_size = vocab_size
@@ -167,7 +163,7 @@ class AttentionGRUDecoder(nn.Module):
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("embed_dim", embed_dim), ("hidden_dim", hidden_dim),
                             ("memory_dim", memory_dim)):
-            _check_positive_int(name, value)
+            check_int(name, value)
         if not isinstance(attention, bool):
             raise TypeError(f"attention must be True or False, got {attention!r}")
         self.vocab_size = vocab_size
@@ -313,7 +309,7 @@ class Seq2SeqGRU(nn.Module):
         pad_id: int = 0,
     ) -> None:
         super().__init__()
-        _check_positive_int("hidden_dim", hidden_dim)
+        check_int("hidden_dim", hidden_dim)
         embed_dim = embed_dim if embed_dim is not None else max(1, hidden_dim // 2)
         self.pad_id = pad_id
         self.encoder = GRUEncoder(src_vocab_size, embed_dim, hidden_dim, pad_id)
@@ -354,7 +350,7 @@ class Seq2SeqGRU(nn.Module):
             ``weights (B, T, S)``, row t holding where generated token t (``tokens[:, 1 + t]``) looked in the
             source (zero after the row's EOS), or None without attention.
         """
-        _check_positive_int("max_len", max_len)
+        check_int("max_len", max_len)
         vocab = self.decoder.vocab_size
         for name, token in (("bos_id", bos_id), ("eos_id", eos_id)):
             if not 0 <= token < vocab:
@@ -444,8 +440,8 @@ def train_seq2seq(
     """
     from tqdm.auto import tqdm
 
-    _check_positive_int("steps", steps)
-    _check_positive_int("batch_size", batch_size)
+    check_int("steps", steps)
+    check_int("batch_size", batch_size)
     if not src.size(0) == tgt_in.size(0) == tgt_out.size(0):
         raise ValueError(
             f"src, tgt_in and tgt_out must have the same number of examples, got {tuple(src.shape)}, "

@@ -22,6 +22,8 @@ import math
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
+
 __all__ = ["chi_square_p_value", "sample_next_token", "temperature_probabilities", "top_k_filter",
            "top_p_filter"]
 
@@ -40,10 +42,7 @@ def _check_logits(logits: object) -> None:
 
 
 def _check_top_k(top_k: object) -> None:
-    if isinstance(top_k, bool) or not isinstance(top_k, int):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    check_int("top_k", top_k)
 
 
 def _check_top_p(top_p: object) -> None:

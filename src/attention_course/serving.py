@@ -15,12 +15,20 @@ Three ideas make serving affordable, and all three are about attention's key-val
 
 The model is the course's :class:`~attention_course.DecoderOnlyLM`. :func:`paged_forward` runs it on new
 tokens of several sequences at once, each at its own position, reading earlier keys and values from the paged
-cache; attention itself is the model's own (``MultiHeadAttention.attend``, which calls the course's one
-attention kernel) on keys and values gathered from the blocks.
+cache: either gathered from the blocks into a padded tensor, with the model's own attention
+(``MultiHeadAttention.attend``), or read block by block where they lie (:func:`paged_attention`, an online
+softmax over the block table, as vLLM's kernel does).
+
+:func:`serve_continuous` admits requests knowing their output lengths: an oracle baseline. The scheduler
+that does not know them (:func:`~attention_course.serve_preemptive`), static batching with a contiguous
+reservation (:func:`~attention_course.serve_reserved`) and prefix caching
+(:class:`~attention_course.PrefixCache`) are in :mod:`attention_course.serving_scheduler`; drafts for
+speculative decoding and the power of its distribution test in :mod:`attention_course.serving_draft`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +37,9 @@ import torch
 from torch import Tensor
 
 from attention_course.checks import check_int
+from attention_course.rotary import apply_rotary
 from attention_course.sampling import sample_next_token, top_k_filter, top_p_filter
+from attention_course.tiled import tiled_attention_step
 
 __all__ = [
     "OutOfBlocksError",
@@ -38,6 +48,7 @@ __all__ = [
     "ServingLog",
     "SpeculativeResult",
     "block_and_offset",
+    "paged_attention",
     "paged_forward",
     "paged_generate",
     "serve_continuous",
@@ -291,6 +302,11 @@ class PagedKVCache:
 # ---------------------------------------------------------------------------------------------------------
 # The model on a paged cache
 # ---------------------------------------------------------------------------------------------------------
+def _position_scheme(block: torch.nn.Module) -> str | None:
+    """The position scheme of a block's attention (None, "rotary" or "alibi")."""
+    return getattr(block.self_attention, "positions", None)
+
+
 def _blocks(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     blocks = getattr(model, "blocks", None)
     if blocks is None or not hasattr(model, "embed") or not hasattr(model, "lm_head"):
@@ -310,7 +326,56 @@ def _check_ids(tokens: object, name: str) -> Tensor:
     return tokens
 
 
-def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence[int], tokens: Tensor) -> Tensor:
+def paged_attention(query: Tensor, cache: PagedKVCache, layer: int, seq_ids: Sequence[int],
+                    query_positions: Tensor, scale: float | None = None) -> Tensor:
+    """Attention of new queries to the paged cache, read block by block in place through the block tables.
+
+    No sequence's keys are copied into a contiguous tensor: for the ``j``-th entry of every sequence's table
+    the block it names is read from the pool (one ``(Hkv, block_size, d_head)`` tile per sequence) and folded
+    into an online softmax (:func:`~attention_course.tiled_attention_step`, chapter 11b), as vLLM's
+    PagedAttention kernel does. Query head ``h`` reads key/value head ``h // (Hq / Hkv)`` (grouped-query).
+
+    Args:
+        query: ``(B, Hq, t, d_head)`` the new positions' queries (rotated already, for rotary models).
+        cache: the paged cache holding every sequence's keys and values, the new positions' included.
+        layer: which layer's pool to read.
+        seq_ids: ``B`` sequence ids.
+        query_positions: ``(B, t)`` each query's position; it sees keys at positions ``<=`` its own.
+        scale: factor on the scores, default ``1/√d_head``.
+
+    Returns:
+        ``(B, Hq, t, d_head)``: equal (to rounding) to attention over each sequence's gathered keys.
+    """
+    batch, heads, new, d_head = query.shape
+    kv_heads, size = cache.num_kv_heads, cache.block_size
+    if heads % kv_heads or d_head != cache.d_head or len(seq_ids) != batch:
+        raise ValueError(f"query must be (B={len(seq_ids)}, a multiple of {kv_heads} heads, t, "
+                         f"d_head={cache.d_head}), got {tuple(query.shape)}")
+    if tuple(query_positions.shape) != (batch, new):
+        raise ValueError(f"query_positions must be (B, t) = {(batch, new)}, got {tuple(query_positions.shape)}")
+    group = heads // kv_heads
+    tables = [cache.block_tables[s] for s in seq_ids]
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [t[-1]] * (width - len(t)) for t in tables], device=cache.keys.device)  # (B, nb)
+    # (B, Hkv, group * t, d): the query heads that share a key/value head read the same tiles
+    q = query.reshape(batch, kv_heads, group * new, d_head)
+    positions = query_positions.to(cache.keys.device).repeat(1, group)[:, None, :, None]  # (B, 1, g*t, 1)
+    accumulator = torch.zeros_like(q)
+    running_max = torch.full(q.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
+    running_sum = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    slots = torch.arange(size, device=q.device)
+    scale = d_head**-0.5 if scale is None else scale
+    for j in range(width):  # block j of every sequence, read where it lies in the pool
+        keys, values = cache.keys[layer, table[:, j]], cache.values[layer, table[:, j]]  # (B, Hkv, bs, d)
+        mask = (j * size + slots)[None, None, None, :] <= positions  # (B, 1, g*t, bs): causal, and padding
+        accumulator, running_max, running_sum = tiled_attention_step(
+            accumulator, running_max, running_sum, q, keys.to(q.dtype), values.to(q.dtype), scale, mask)
+    out = accumulator / running_sum.clamp_min(torch.finfo(q.dtype).tiny).unsqueeze(-1)
+    return out.reshape(batch, heads, new, d_head)
+
+
+def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence[int], tokens: Tensor,
+                  attention: str = "gather") -> Tensor:
     """Logits for ``t`` new tokens of each of ``B`` sequences, each continuing at its own length in ``cache``.
 
     For each sequence the new positions are reserved in the cache; in every layer the new keys and values
@@ -318,11 +383,16 @@ def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence
     longest) and the new queries attend to that sequence's positions up to their own (a causal mask per
     row). The layers are the model's own (its norms, attention projections and ``attend``, feed-forward).
 
+    With ``attention="in_place"`` no keys are gathered: :func:`paged_attention` reads the blocks where they
+    lie (an online softmax over blocks); ``"gather"`` copies each sequence's keys into a padded tensor first
+    (simple, and the layout paging exists to avoid).
+
     Args:
         model: a :class:`~attention_course.DecoderOnlyLM` (in ``eval()`` mode).
         cache: the paged cache; updated in place.
         seq_ids: ``B`` sequence ids already allocated in ``cache``.
         tokens: ``(B, t)`` the new tokens (a prompt: B = 1, t = its length; a decoding step: t = 1).
+        attention: ``"gather"`` or ``"in_place"``.
 
     Returns:
         ``(B, t, V)``: row b equals the last ``t`` rows of ``model(all tokens of sequence b)``.
@@ -331,6 +401,8 @@ def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence
     if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
         raise ValueError(f"tokens must be a (batch, t) int64 tensor, got "
                          f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+    if attention not in ("gather", "in_place"):
+        raise ValueError(f"attention must be 'gather' or 'in_place', got {attention!r}")
     seq_ids = list(seq_ids)
     if len(seq_ids) != tokens.size(0) or len(set(seq_ids)) != len(seq_ids):
         raise ValueError(f"seq_ids must name {tokens.size(0)} distinct sequences, one per row of tokens, "
@@ -347,25 +419,36 @@ def paged_forward(model: torch.nn.Module, cache: PagedKVCache, seq_ids: Sequence
     x = torch.cat([model.embed(tokens[b : b + 1], offset=starts[b]) for b in range(len(seq_ids))])
     query_positions = torch.tensor(starts, device=tokens.device)[:, None] + torch.arange(new, device=tokens.device)
     for layer, block in enumerate(blocks):
-        attention = block.self_attention
         h = block.norm1(x)  # (B, t, d_model)
-        per_row = getattr(attention, "positions", None) is not None  # rotary/ALiBi need each row's positions
+        per_row = _position_scheme(block) is not None  # rotary/ALiBi need each row's positions
         if per_row:
-            kv = [attention.project_kv(h[b : b + 1], h[b : b + 1], query_positions[b]) for b in range(len(seq_ids))]
+            kv = [block.self_attention.project_kv(h[b : b + 1], h[b : b + 1], query_positions[b])
+                  for b in range(len(seq_ids))]
             new_keys, new_values = torch.cat([k for k, _ in kv]), torch.cat([v for _, v in kv])
         else:
-            new_keys, new_values = attention.project_kv(h, h)  # (B, Hkv, t, d_head)
+            new_keys, new_values = block.self_attention.project_kv(h, h)  # (B, Hkv, t, d_head)
         for b, seq_id in enumerate(seq_ids):
             cache.write(layer, seq_id, starts[b], new_keys[b], new_values[b])
+        if attention == "in_place":
+            if _position_scheme(block) == "alibi":
+                raise ValueError("attention='in_place' supports learned, sinusoidal and rotary positions, not ALiBi")
+            q = block.self_attention.split_heads(block.self_attention.w_q(h))  # (B, H, t, d_head)
+            if per_row:
+                q = torch.cat([apply_rotary(q[b : b + 1], query_positions[b], block.self_attention.rotary_base,
+                                            block.self_attention.rotary_pairing) for b in range(len(seq_ids))])
+            heads = paged_attention(q, cache, layer, seq_ids, query_positions)
+            x = x + block.dropout1(block.self_attention.w_o(block.self_attention.merge_heads(heads)))
+            x = x + block.dropout2(block.feed_forward(block.norm2(x)))
+            continue
         keys, values, valid = cache.gather_batch(layer, seq_ids)  # (B, Hkv, L, d_head), (B, L)
         key_positions = torch.arange(keys.size(2), device=tokens.device)
         mask = (key_positions[None, None, :] <= query_positions[:, :, None]) & valid[:, None, :]  # (B, t, L)
         if per_row:
-            outs = [attention.attend(h[b : b + 1], keys[b : b + 1], values[b : b + 1], mask[b : b + 1, None],
+            outs = [block.self_attention.attend(h[b : b + 1], keys[b : b + 1], values[b : b + 1], mask[b : b + 1, None],
                                      query_positions[b], key_positions)[0] for b in range(len(seq_ids))]
             attended = torch.cat(outs)
         else:
-            attended = attention.attend(h, keys, values, mask[:, None])[0]  # (B, t, d_model)
+            attended = block.self_attention.attend(h, keys, values, mask[:, None])[0]  # (B, t, d_model)
         x = x + block.dropout1(attended)
         x = x + block.dropout2(block.feed_forward(block.norm2(x)))
     return model.lm_head(model.norm(x))  # (B, t, V)
@@ -379,8 +462,11 @@ def paged_generate(
     cache: PagedKVCache | None = None,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    attention: str = "gather",
 ) -> Tensor:
     """Continue one prompt through a paged cache (the prompt in one call, then one token a step).
+
+    ``attention`` is passed to :func:`paged_forward` (``"gather"`` or ``"in_place"``).
 
     Returns ``(Lp + max_new_tokens,)``: the same tokens as ``model.generate(prompt, n, temperature)``. The
     sequence is freed from ``cache`` at the end.
@@ -394,7 +480,7 @@ def paged_generate(
     tokens, new = prompt.tolist(), prompt[None]
     try:
         for _ in range(max_new_tokens):
-            logits = paged_forward(model, cache, [seq_id], new)[:, -1]  # (1, V)
+            logits = paged_forward(model, cache, [seq_id], new, attention)[:, -1]  # (1, V)
             token = int(sample_next_token(logits, temperature, generator=generator)[0])
             tokens.append(token)
             new = torch.tensor([[token]], device=prompt.device)
@@ -432,7 +518,14 @@ class ServingLog:
         blocks_used: cache blocks in use after each step (continuous batching; empty for static).
         positions_held: positions (tokens) the running sequences hold in the cache after each step.
         block_tables: a copy of every block table after each step (with ``record_tables=True``).
-        events: ``(step, request id, "start" | "finish")`` in order.
+        events: ``(step, request id, "start" | "finish" | "preempt")`` in order.
+        preemptions: requests preempted (their blocks freed, recomputed later; :func:`serve_preemptive`).
+        arrival_time: request id -> seconds since the run started at the start of the step the request
+            arrived in.
+        first_token_time: request id -> seconds since the run started when its first token existed.
+        finish_time: request id -> seconds since the run started when its last token existed.
+        prefill_tokens: tokens run through the model as prompts (recomputation included).
+        cached_prefix_tokens: prompt tokens whose keys and values came from the prefix cache instead.
     """
 
     outputs: dict[int, list[int]] = field(default_factory=dict)
@@ -445,6 +538,21 @@ class ServingLog:
     positions_held: list[int] = field(default_factory=list)
     events: list[tuple[int, int, str]] = field(default_factory=list)
     block_tables: list[dict[int, list[int]]] = field(default_factory=list)
+    preemptions: int = 0
+    arrival_time: dict[int, float] = field(default_factory=dict)
+    first_token_time: dict[int, float] = field(default_factory=dict)
+    finish_time: dict[int, float] = field(default_factory=dict)
+    prefill_tokens: int = 0
+    cached_prefix_tokens: int = 0
+
+    def ttft(self) -> dict[int, float]:
+        """Time to first token, seconds: from the start of the step a request arrived in to its first token."""
+        return {i: self.first_token_time[i] - self.arrival_time[i] for i in self.first_token_time}
+
+    def tpot(self) -> dict[int, float]:
+        """Time per output token after the first, seconds (requests with at least two tokens)."""
+        return {i: (self.finish_time[i] - self.first_token_time[i]) / (len(self.outputs[i]) - 1)
+                for i in self.finish_time if len(self.outputs[i]) > 1}
 
     def latencies(self, requests: Sequence[Request]) -> dict[int, int]:
         """Steps from each request's arrival to its last token."""
@@ -485,6 +593,10 @@ def serve_continuous(
 ) -> ServingLog:
     """Iteration-level (continuous) batching over a paged cache (Orca's schedule on vLLM's memory).
 
+    **An oracle baseline**: it admits a request only when the blocks of its prompt *and its whole output* are
+    free, which needs the output length in advance; no server knows it. :func:`serve_preemptive` is the
+    scheduler that does not.
+
     Every step: requests that have arrived join the running batch while it has fewer than ``max_batch``
     sequences and the cache has blocks for their prompt and output (their prompt goes through the model
     and gives their first token); then one decoding step runs on every running sequence; a sequence that
@@ -504,6 +616,9 @@ def serve_continuous(
             if record_tables:
                 log.block_tables.append({})
             step += 1
+        for r in waiting:
+            if r.arrival <= step and r.request_id not in log.arrival_time:
+                log.arrival_time[r.request_id] = time.perf_counter() - start_time
         while waiting and waiting[0].arrival <= step and len(running) < max_batch:
             request = waiting[0]
             need = cache.blocks_needed(request.prompt.numel() + request.output_length)
@@ -520,6 +635,8 @@ def serve_continuous(
             logits = paged_forward(model, cache, [request.request_id], request.prompt.reshape(1, -1))
             log.outputs[request.request_id] = _next_tokens(logits[:, -1], temperature, generator)
             log.first_token_step[request.request_id] = step
+            log.first_token_time[request.request_id] = time.perf_counter() - start_time
+            log.prefill_tokens += request.prompt.numel()
             log.events.append((step, request.request_id, "start"))
             running.append(request)
         decoding = [r for r in running if len(log.outputs[r.request_id]) < r.output_length]
@@ -535,6 +652,7 @@ def serve_continuous(
             running.remove(request)  # leaves at once; its blocks go back to the free list
             cache.free(request.request_id)
             log.finish_step[request.request_id] = step
+            log.finish_time[request.request_id] = time.perf_counter() - start_time
             log.events.append((step, request.request_id, "finish"))
         log.blocks_used.append(cache.num_used_blocks)
         log.positions_held.append(sum(cache.lengths.values()))
@@ -703,7 +821,10 @@ def speculative_generate(
     ``temperature``, ``top_k``, ``top_p``); with ``temperature=0`` the output is the target's greedy one.
 
     Args:
-        target, draft: :class:`~attention_course.DecoderOnlyLM` models with the same vocabulary, in eval mode.
+        target: a :class:`~attention_course.DecoderOnlyLM` in eval mode.
+        draft: a model with the same vocabulary and ``step``/``new_cache`` (a smaller
+            :class:`~attention_course.DecoderOnlyLM`, :func:`~attention_course.truncated_draft`,
+            :class:`~attention_course.NGramDraft`).
         prompt_ids: ``(Lp,)`` or ``(1, Lp)`` int64.
         max_new_tokens: tokens to generate.
         draft_length: tokens the draft proposes per round (``k >= 1``).
@@ -718,8 +839,11 @@ def speculative_generate(
     check_int("draft_length", draft_length)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    _blocks(target)
+    if not all(hasattr(draft, a) for a in ("step", "new_cache", "vocab_size", "max_len")):
+        raise TypeError(f"draft must have step, new_cache, vocab_size and max_len (a DecoderOnlyLM or an "
+                        f"NGramDraft), got {type(draft).__name__}")
     for name, model in (("target", target), ("draft", draft)):
-        _blocks(model)
         if prompt.numel() + max_new_tokens > model.max_len:
             raise ValueError(f"prompt length {prompt.numel()} + max_new_tokens {max_new_tokens} exceeds the "
                              f"{name}'s max_len={model.max_len}")

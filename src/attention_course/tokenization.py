@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from torch import Tensor
 
+from attention_course.checks import check_int
 from attention_course.vocabulary import UNK, Vocabulary
 
 __all__ = ["BYTE_ALPHABET_SIZE", "BPETokenizer", "CharTokenizer", "count_pairs", "merge_pair"]
@@ -122,9 +123,7 @@ class BPETokenizer:
     def __init__(self, texts: Sequence[str], vocab_size: int = 512) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < BYTE_ALPHABET_SIZE:
-            raise ValueError(f"vocab_size must be an int >= {BYTE_ALPHABET_SIZE} (every byte is a symbol before "
-                             f"any merge), got {vocab_size!r}")
+        check_int("vocab_size", vocab_size, minimum=BYTE_ALPHABET_SIZE)  # every byte is a symbol before any merge
         if isinstance(texts, str) or not texts:
             raise ValueError("texts must be a non-empty list of strings")
         tokenizer = Tokenizer(models.BPE())

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.decoding import beam_search, greedy_decode
 from attention_course.masks import causal_mask, padding_mask
 from attention_course.runtime import fused_adam
@@ -98,8 +99,7 @@ def warmup_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
     ``1/√step``. The paper uses ``factor = 1`` and ``warmup = 4000`` with ``d_model = 512``.
     """
     for name, value in (("step", step), ("d_model", d_model), ("warmup", warmup)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 

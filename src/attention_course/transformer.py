@@ -16,17 +16,13 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attention_course.checks import check_int
 from attention_course.config import ModelConfig
 from attention_course.layers import DecoderLayer, EncoderLayer
 from attention_course.normalization import LayerNorm, norm_for
 from attention_course.positional import PositionalEncoding
 
 __all__ = ["Decoder", "Encoder", "Transformer"]
-
-
-def _check_positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _layer_config(layer: EncoderLayer | DecoderLayer) -> dict:
@@ -73,7 +69,7 @@ class Encoder(nn.Module):
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("num_layers", num_layers)
+        check_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
             EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, config=config) for _ in range(num_layers)
         )
@@ -119,7 +115,7 @@ class Decoder(nn.Module):
         config: ModelConfig | None = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("num_layers", num_layers)
+        check_int("num_layers", num_layers)
         self.layers = nn.ModuleList(
             DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, config=config) for _ in range(num_layers)
         )
@@ -201,7 +197,7 @@ class Transformer(nn.Module):
         super().__init__()
         for name, value in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
                             ("num_encoder_layers", num_encoder_layers), ("num_decoder_layers", num_decoder_layers)):
-            _check_positive_int(name, value)
+            check_int(name, value)
         if tie_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 "tie_embeddings=True needs one shared vocabulary, got src_vocab_size="

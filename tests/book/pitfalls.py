@@ -1,6 +1,8 @@
 """The index of "Common pitfall" notes: collected from the lessons into chapters/pitfalls.md.
 
-Regenerate with ``.venv/bin/python -m tests.book.pitfalls``; a test fails when the page is out of date.
+The lessons are those of the registry (course.toml), in its order. Regenerate with
+``.venv/bin/python -m tests.book.registry`` (which writes every generated page) or ``python -m tests.book.pitfalls``;
+a test fails when the page is out of date.
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ def lesson_title(notebook) -> str:
     return first.removeprefix("# ").strip()
 
 
-def collect() -> list[tuple[str, str, list[str]]]:
+def collect(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
     """(lesson stem, lesson title, pitfall titles) for every lesson with at least one pitfall."""
+    from tests.book import registry
+
     found = []
-    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+    for lesson in registry.load(root).lessons:
+        path = root / f"{lesson.file}.ipynb"
+        if not path.exists():
+            continue
         notebook = nbformat.read(path, as_version=4)
         titles = [
             match.group("title")
@@ -45,9 +52,9 @@ def collect() -> list[tuple[str, str, list[str]]]:
     return found
 
 
-def render() -> str:
+def render(root: Path = ROOT) -> str:
     lines = [HEADER.rstrip("\n"), ""]
-    for stem, title, pitfalls in collect():
+    for stem, title, pitfalls in collect(root):
         lines.append(f"## {title}")
         lines.append("")
         lines.extend(f"- {pitfall} ({{doc}}`{stem}`)" for pitfall in pitfalls)

@@ -216,9 +216,9 @@ def test_a_stopped_worker_takes_its_zygote_and_kernel_with_it(tmp_path):
     )
     worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     zygote = int(worker.stdout.readline())
-    deadline = time.monotonic() + 60
+    # No deadline: however busy the machine, the cell runs or the worker ends (its cell timeout is 600 s).
     while not (started.exists() and started.read_text()):
-        assert time.monotonic() < deadline and worker.poll() is None, "the kernel never ran its cell"
+        assert worker.poll() is None, "the kernel never ran its cell"
         time.sleep(0.2)
     kernel = int(started.read_text())
     worker.send_signal(signal.SIGKILL)
@@ -231,7 +231,8 @@ def test_a_stopped_worker_takes_its_zygote_and_kernel_with_it(tmp_path):
             return True
         return state in ("Z", "X")
 
-    deadline = time.monotonic() + 20
+    # They end on their worker's death (a signal, not a race); the deadline only stops a test that would hang.
+    deadline = time.monotonic() + 120
     while not (gone(kernel) and gone(zygote)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert gone(kernel), "the kernel outlived its worker"

@@ -30,6 +30,10 @@ NODE_MODULES = HERE / "node_modules"
 AXE = NODE_MODULES / "axe-core" / "axe.min.js"
 SCREENSHOTS = HTML.parent / "screenshots"
 
+# How long any browser wait may last before the test fails as hung: far beyond what a page needs on the
+# busiest machine, so that no verdict depends on the machine's speed (see the visit fixture).
+HANG_GUARD_MS = 600_000
+
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -192,6 +196,10 @@ def visit(browser, site_url):
 
     def open_page(path: str, width: int = 1366, height: int = 900, dark: bool = False) -> PageVisit:
         context = browser.new_context(viewport={"width": width, "height": height}, color_scheme="dark" if dark else "light")
+        # Every wait (loading, typesetting, a frame appearing) lasts until what is awaited happens: a test judges
+        # whether it happens, never how fast on a machine that may be busy. HANG_GUARD_MS only ends a hang.
+        context.set_default_timeout(HANG_GUARD_MS)
+        context.set_default_navigation_timeout(HANG_GUARD_MS)
         if dark:  # the theme keeps the reader's choice in localStorage
             context.add_init_script("localStorage.setItem('mode', 'dark'); localStorage.setItem('theme', 'dark');")
         contexts.append(context)
@@ -251,11 +259,11 @@ def run_axe(page) -> list[dict]:
     )
 
 
-def wait_for_maths(page, timeout: int = 30_000) -> None:
-    """Wait until MathJax has typeset every formula of the main content (if it has any)."""
+def wait_for_maths(page) -> None:
+    """Wait until MathJax has typeset every formula of the main content (if it has any), however long that takes
+    (up to the context's hang guard)."""
     if page.locator("main .math").count():
         page.wait_for_function(
             "() => document.querySelectorAll('main .math').length"
-            " === document.querySelectorAll('main .math mjx-container').length",
-            timeout=timeout,
+            " === document.querySelectorAll('main .math mjx-container').length"
         )

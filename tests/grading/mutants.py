@@ -7,6 +7,7 @@ Each is a mistake learners or tutorials make; the grader must take marks away fo
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ MUTANTS = [
     Mutant("soft_no_max_subtraction", EX02, "soft_attention_weights",
            "logits = logits - logits.amax(dim=-1, keepdim=True)", "logits = logits"),
     Mutant("soft_wrong_axis", EX02, "soft_attention_weights",
-           "return exp / exp.sum(dim=-1, keepdim=True)", "return exp / exp.sum(dim=0, keepdim=True)"),
+           "return exp / exp.sum(dim=-1, keepdim=True)", "return exp / exp.sum(dim=0, keepdim=True)", zero=True),
     Mutant("soft_beta_divides", EX02, "soft_attention_weights", "logits = beta * scores", "logits = scores / beta"),
     Mutant("soft_ignores_beta", EX02, "soft_attention_weights", "logits = beta * scores", "logits = scores"),
     Mutant("soft_always_float32", EX02, "soft_attention_weights",
@@ -54,10 +55,10 @@ MUTANTS = [
            "return torch.matmul(weights, X)", "return torch.matmul(X.transpose(-2, -1), weights.transpose(-2, -1))"),
     Mutant("pooling_ignores_weights", EX02, "attention_pooling",
            "return torch.matmul(weights, X)",
-           "return X.mean(dim=-2, keepdim=True).expand(*weights.shape[:-1], X.shape[-1])"),
+           "return X.mean(dim=-2, keepdim=True).expand(*weights.shape[:-1], X.shape[-1])", zero=True),
     Mutant("self_attention_softmax_over_queries", EX02, "self_attention_no_projections",
            "weights = soft_attention_weights(scores, beta)",
-           "weights = soft_attention_weights(scores.transpose(-2, -1), beta).transpose(-2, -1)"),
+           "weights = soft_attention_weights(scores.transpose(-2, -1), beta).transpose(-2, -1)", zero=True),
     Mutant("self_attention_extra_scaling", EX02, "self_attention_no_projections",
            "scores = torch.matmul(X, X.transpose(-2, -1))",
            "scores = torch.matmul(X, X.transpose(-2, -1)) / math.sqrt(X.shape[-1])"),
@@ -82,7 +83,7 @@ MUTANTS = [
            "scores = K @ q / math.sqrt(d_k)", "scores = K @ q"),
     Mutant("one_query_divides_by_d_k", "ex04_queries_keys_values", "attend_one_query", "/ math.sqrt(d_k)", "/ d_k"),
     Mutant("one_query_ignores_weights", "ex04_queries_keys_values", "attend_one_query",
-           "output = weights @ V", "output = V.mean(dim=0)"),
+           "output = weights @ V", "output = V.mean(dim=0)", zero=True),
     Mutant("one_query_naive_exp", "ex04_queries_keys_values", "attend_one_query",
            "weights = torch.softmax(scores, dim=-1)", "weights = torch.exp(scores) / torch.exp(scores).sum()"),
     Mutant("matrix_softmax_over_queries", "ex04_queries_keys_values", "attention_matrix_form",
@@ -90,14 +91,14 @@ MUTANTS = [
     Mutant("matrix_dot_T", "ex04_queries_keys_values", "attention_matrix_form", "K.transpose(-2, -1)", "K.T"),
     Mutant("matrix_no_scale", "ex04_queries_keys_values", "attention_matrix_form", " / math.sqrt(Q.shape[-1])", ""),
     Mutant("cross_queries_from_source", "ex04_queries_keys_values", "cross_attention",
-           "Q = X_q @ W_Q", "Q = X_kv @ W_Q"),
+           "Q = X_q @ W_Q", "Q = X_kv @ W_Q", zero=True),
     Mutant("cross_values_from_queries", "ex04_queries_keys_values", "cross_attention",
-           "V = X_kv @ W_V", "V = X_q @ W_V"),
+           "V = X_kv @ W_V", "V = X_q @ W_V", zero=True),
     # --- ex03 (notebook ex03_key_value_store) ------------------------------------------------------------
     Mutant("kv_hard_last_maximum", "ex03_key_value_store", "hard_lookup", "best = scores.argmax(dim=-1)",
            "best = scores.shape[-1] - 1 - scores.flip(-1).argmax(dim=-1)"),
     Mutant("kv_hard_nearest_by_distance", "ex03_key_value_store", "hard_lookup",
-           "scores = query @ keys.transpose(-2, -1)", "scores = -torch.cdist(query, keys)"),
+           "scores = query @ keys.transpose(-2, -1)", "scores = -torch.cdist(query, keys)", zero=True),
     Mutant("kv_hard_returns_keys", "ex03_key_value_store", "hard_lookup", "return weights @ values  ",
            "return weights @ keys  "),
     Mutant("kv_soft_no_beta", "ex03_key_value_store", "soft_lookup",
@@ -120,9 +121,9 @@ MUTANTS = [
     Mutant("kv_limit_not_normalised", "ex03_key_value_store", "limit_lookup",
            "weights = weights / weights.sum(dim=-1, keepdim=True)", "weights = weights"),
     # --- ex05 (notebook ex05_scaling_and_masking) --------------------------------------------------------
-    Mutant("scores_no_scale", "ex05_scaling_and_masking", "scaled_scores", " / math.sqrt(Q.shape[-1])", ""),
+    Mutant("scores_no_scale", "ex05_scaling_and_masking", "scaled_scores", " / math.sqrt(Q.shape[-1])", "", zero=True),
     Mutant("scores_divide_by_d_k", "ex05_scaling_and_masking", "scaled_scores",
-           "/ math.sqrt(Q.shape[-1])", "/ Q.shape[-1]"),
+           "/ math.sqrt(Q.shape[-1])", "/ Q.shape[-1]", zero=True),
     Mutant("scores_keys_by_queries", "ex05_scaling_and_masking", "scaled_scores",
            "return Q @ K.transpose(-2, -1)", "return K @ Q.transpose(-2, -1)"),
     Mutant("softmax_minus_inf_unguarded", "ex05_scaling_and_masking", "masked_softmax",
@@ -134,20 +135,20 @@ MUTANTS = [
     Mutant("softmax_rows_not_zeroed", "ex05_scaling_and_masking", "masked_softmax",
            "return weights.masked_fill(~has_key, 0.0)", "return weights"),
     Mutant("softmax_inverted_mask", "ex05_scaling_and_masking", "masked_softmax",
-           "scores.masked_fill(~mask,", "scores.masked_fill(mask,"),
+           "scores.masked_fill(~mask,", "scores.masked_fill(mask,", zero=True),
     Mutant("softmax_zero_after", "ex05_scaling_and_masking", "masked_softmax",
-           "weights = torch.softmax(filled, dim=-1)", "weights = torch.softmax(scores, dim=-1) * mask"),
+           "weights = torch.softmax(filled, dim=-1)", "weights = torch.softmax(scores, dim=-1) * mask", zero=True),
     Mutant("softmax_no_mask", "ex05_scaling_and_masking", "masked_softmax",
-           "filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)", "filled = scores"),
+           "filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)", "filled = scores", zero=True),
     Mutant("attention_no_scale", "ex05_scaling_and_masking", "scaled_dot_product_attention",
            "scores = scaled_scores(Q, K)", "scores = Q @ K.transpose(-2, -1)"),
     Mutant("attention_minus_inf_inline", "ex05_scaling_and_masking", "scaled_dot_product_attention",
            "weights = masked_softmax(scores, mask)",
            "weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask, float('-inf')), dim=-1)"),
-    Mutant("causal_upper", "ex05_scaling_and_masking", "causal_self_attention", ".tril()", ".triu()"),
+    Mutant("causal_upper", "ex05_scaling_and_masking", "causal_self_attention", ".tril()", ".triu()", zero=True),
     Mutant("causal_no_diagonal", "ex05_scaling_and_masking", "causal_self_attention", ".tril()", ".tril(-1)"),
     Mutant("causal_no_mask", "ex05_scaling_and_masking", "causal_self_attention",
-           "X @ W_V, mask)", "X @ W_V, None)"),
+           "X @ W_V, mask)", "X @ W_V, None)", zero=True),
     Mutant("decoder_causal_only", "ex05_scaling_and_masking", "causal_padded_self_attention",
            "mask = causal_mask(L) & not_padding", "mask = causal_mask(L)"),
     Mutant("decoder_padding_only", "ex05_scaling_and_masking", "causal_padded_self_attention",
@@ -157,10 +158,10 @@ MUTANTS = [
     # --- ex11 (notebook ex11_efficient_attention) --------------------------------------------------------
     Mutant("cache_new_first", "ex11_efficient_attention", "cache_append",
            "keys = torch.cat([past_keys, new_keys], dim=-2)\n    values = torch.cat([past_values, new_values], dim=-2)",
-           "keys = torch.cat([new_keys, past_keys], dim=-2)\n    values = torch.cat([new_values, past_values], dim=-2)"),
+           "keys = torch.cat([new_keys, past_keys], dim=-2)\n    values = torch.cat([new_values, past_values], dim=-2)", zero=True),
     Mutant("cache_wrong_axis", "ex11_efficient_attention", "cache_append",
            "keys = torch.cat([past_keys, new_keys], dim=-2)\n    values = torch.cat([past_values, new_values], dim=-2)",
-           "keys = torch.cat([past_keys, new_keys], dim=1)\n    values = torch.cat([past_values, new_values], dim=1)"),
+           "keys = torch.cat([past_keys, new_keys], dim=1)\n    values = torch.cat([past_values, new_values], dim=1)", zero=True),
     Mutant("online_sum_not_rescaled", "ex11_efficient_attention", "online_softmax_update",
            "running_sum * torch.exp(running_max - shift)", "running_sum"),
     Mutant("online_no_minus_inf_guard", "ex11_efficient_attention", "online_softmax_update",
@@ -194,11 +195,11 @@ MUTANTS = [
     Mutant("lm_loss_counts_padding", "ex13_decoder_only_language_models", "next_token_loss",
            "ignore_index=pad_id)", "ignore_index=-100)"),
     Mutant("top_k_drops_the_kth", EX13, "top_k_filter", "logits.masked_fill(logits < kth_largest, -math.inf)",
-           "logits.masked_fill(logits <= kth_largest, -math.inf)"),
+           "logits.masked_fill(logits <= kth_largest, -math.inf)", zero=True),
     Mutant("top_k_keeps_the_smallest", EX13, "top_k_filter", "torch.topk(logits, k, dim=-1).values",
-           "torch.topk(logits, k, dim=-1, largest=False).values"),
+           "torch.topk(logits, k, dim=-1, largest=False).values", zero=True),
     Mutant("top_p_drops_crossing_token", "ex13_decoder_only_language_models", "top_p_filter",
-           "drop_sorted = mass_before >= p", "drop_sorted = torch.cumsum(probs, dim=-1) > p"),
+           "drop_sorted = mass_before >= p", "drop_sorted = torch.cumsum(probs, dim=-1) > p", zero=True),
     Mutant("sample_filters_after_draw", "ex13_decoder_only_language_models", "sample_next_token",
            "probs = torch.softmax(filtered, dim=-1)", "probs = torch.softmax(scaled, dim=-1)"),
     Mutant("sample_quantile_no_randomness", "ex13_decoder_only_language_models", "sample_next_token",
@@ -211,10 +212,20 @@ MUTANTS = [
            "torch.manual_seed(0)\n    return torch.multinomial(flat, 1).reshape(probs.shape[:-1])", zero=True),
     Mutant("temperature_on_probabilities", "ex13_decoder_only_language_models", "sample_next_token",
            "scaled = logits / temperature", "scaled = torch.log(torch.softmax(logits, dim=-1) / temperature)"),
+    Mutant("sample_top_p_ignored_with_top_k", EX13, "sample_next_token",
+           "    if top_p is not None:\n        filtered = top_p_filter", "    elif top_p is not None:\n        filtered = top_p_filter"),
+    Mutant("sample_filters_before_temperature", EX13, "sample_next_token",
+           "    scaled = logits / temperature\n    filtered = scaled\n    if top_k is not None:\n"
+           "        filtered = top_k_filter(filtered, top_k)\n    if top_p is not None:\n"
+           "        filtered = top_p_filter(filtered, top_p)\n    probs = torch.softmax(filtered, dim=-1)",
+           "    filtered = logits\n    if top_k is not None:\n"
+           "        filtered = top_k_filter(filtered, top_k)\n    if top_p is not None:\n"
+           "        filtered = top_p_filter(filtered, top_p)\n    probs = torch.softmax(filtered / temperature, dim=-1)"),
+    Mutant("cached_step_no_scale", EX13, "cached_attention_step", " / math.sqrt(q.size(-1))", "", zero=True),
     Mutant("cached_step_skips_new_token", "ex13_decoder_only_language_models", "cached_attention_step",
            "return weights @ values, keys, values",
            "return (torch.softmax(q @ past_keys.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ past_values"
-           " if past_keys is not None else v), keys, values"),
+           " if past_keys is not None else v), keys, values", zero=True),
     Mutant("rms_eps_outside_root", EX13, "rms_norm",
            "normed = x32 / torch.sqrt(mean_square + eps)", "normed = x32 / (torch.sqrt(mean_square) + eps)"),
     Mutant("rms_subtracts_the_mean", EX13, "rms_norm",
@@ -223,6 +234,8 @@ MUTANTS = [
            "return (normed * weight.to(compute)).to(x.dtype)", "return normed.to(x.dtype)"),
     Mutant("rms_mean_over_dimension_1", EX13, "rms_norm",
            "mean_square = x32.pow(2).mean(dim=-1, keepdim=True)", "mean_square = x32.pow(2).mean(dim=1, keepdim=True)"),
+    Mutant("rms_mean_over_all_elements", EX13, "rms_norm",
+           "mean_square = x32.pow(2).mean(dim=-1, keepdim=True)", "mean_square = x32.pow(2).mean()"),
     Mutant("rms_squares_in_float16", EX13, "rms_norm",
            "compute = torch.float32 if half else x.dtype", "compute = x.dtype"),
     Mutant("rms_calls_torch_rms_norm", EX13, "rms_norm",
@@ -255,7 +268,7 @@ MUTANTS = [
            "angles = torch.arange(x.size(-2), dtype=torch.float64)[:, None]"),
     Mutant("offset_rotates_query", EX14, "score_at_offset",
            "return (q * moved).sum(dim=-1)",
-           "return (rotate_pairs(q, torch.full((q.size(0),), offset), base) * k).sum(dim=-1)"),
+           "return (rotate_pairs(q, torch.full((q.size(0),), offset), base) * k).sum(dim=-1)", zero=True),
     Mutant("alibi_slopes_reversed", EX14, "add_alibi",
            "return torch.tensor(slopes)", "return torch.tensor(slopes).flip(0)"),
     Mutant("alibi_slopes_power_of_two_formula_for_any_count", EX14, "add_alibi",
@@ -264,7 +277,7 @@ MUTANTS = [
     Mutant("alibi_bias_not_aligned_with_last_keys", EX14, "add_alibi",
            "query_at = torch.arange(length_q) + (length_k - length_q)", "query_at = torch.arange(length_q)", zero=True),
     Mutant("alibi_bias_signed_distance", EX14, "add_alibi",
-           "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])"),
+           "distance = (query_at[:, None] - key_at[None, :]).abs()", "distance = (query_at[:, None] - key_at[None, :])", zero=True),
     Mutant("alibi_bias_added_with_wrong_sign", EX14, "add_alibi",
            "return scores - slopes[:, None, None] * distance", "return scores + slopes[:, None, None] * distance"),
     Mutant("rotate_half_pairs_neighbours", EX14, "rotate_half",
@@ -304,13 +317,13 @@ MUTANTS = [
     Mutant("gqa_mask_ignored", "ex15_attention_at_inference_scale", "grouped_query_attention",
            'scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores", zero=True),
     Mutant("window_off_by_one", "ex15_attention_at_inference_scale", "sliding_window_mask",
-           "(offset >= 0) & (offset < window)", "(offset >= 0) & (offset <= window)"),
+           "(offset >= 0) & (offset < window)", "(offset >= 0) & (offset <= window)", zero=True),
     Mutant("window_symmetric", "ex15_attention_at_inference_scale", "sliding_window_mask",
            "offset = query_positions[:, None] - key_positions[None, :]",
            "offset = (query_positions[:, None] - key_positions[None, :]).abs()"),
     Mutant("tile_normalised_within_tile", "ex15_attention_at_inference_scale", "flash_backward_tile",
            "weights = torch.exp(query @ key_t * scale - lse.unsqueeze(-1))",
-           "weights = torch.softmax(query @ key_t * scale, dim=-1)"),
+           "weights = torch.softmax(query @ key_t * scale, dim=-1)", zero=True),
     Mutant("tile_without_delta", "ex15_attention_at_inference_scale", "flash_backward_tile",
            "grad_weights - delta.unsqueeze(-1)", "grad_weights"),
     Mutant("tile_grads_unscaled", "ex15_attention_at_inference_scale", "flash_backward_tile",
@@ -332,14 +345,50 @@ MUTANTS = [
            "            scores[:, ablated] = 0.0  # the softmax renormalises these\n"
            "            weights = torch.softmax(scores.masked_fill(~causal, float(\"-inf\")), dim=-1)\n"
            "            outputs = weights @ v\n"),
+    # ex16, issue 43: a wrong answer earns nothing on any draw; issue 38: the causal methods' classic mistakes.
+    Mutant("repeat_seeds_global_generator", EX16, "repeated_batch",
+           "    generator = torch.Generator().manual_seed(seed)\n"
+           "    first = torch.randint(vocab_size, (batch_size, half_length), generator=generator)\n",
+           "    torch.manual_seed(seed)\n    first = torch.randint(vocab_size, (batch_size, half_length))\n",
+           zero=True),
+    Mutant("induction_averaged_per_sequence", EX16, "induction_score",
+           "return (on_targets * scored[:, None]).sum(dim=(0, 2)) / scored.sum()",
+           "return ((on_targets * scored[:, None]).sum(dim=2) / scored.sum(dim=1, keepdim=True)).mean(dim=0)",
+           zero=True),
+    Mutant("ablation_unscaled_scores", EX16, "ablation_loss_change",
+           "scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, L, L)",
+           "scores = q @ k.transpose(-2, -1)  # (B, H, L, L)", zero=True),
+    Mutant("dla_skips_norm_scale", EX16, "logit_attribution",
+           "return (parts / scale * gain) @ direction", "return (parts * gain) @ direction", zero=True),
+    Mutant("patch_overwrites_every_position", EX16, "patch_recovered_share",
+           "outputs[:, head, positions] = source[:, head, positions]  # only there",
+           "outputs[:, head] = source[:, head]  # every position", zero=True),
+    Mutant("copying_score_from_w_q", EX16, "copying_score",
+           "circuit = W_E @ W_V @ W_O @ W_U", "circuit = W_E @ W_Q @ W_O @ W_U", zero=True),
     # --- ex17 (notebook ex17_serving_attention) -----------------------------------------------------------
     Mutant("lookup_offset_off_by_one", "ex17_serving_attention", "locate",
            "return block_table[entries], positions % block_size",
            "return block_table[entries], (positions + 1) % block_size"),
     Mutant("speculative_accept_without_ratio", "ex17_serving_attention", "verify_draft",
-           "if uniforms[i] >= min(1.0, float(ratio)):", "if uniforms[i] >= 1.0:"),
+           "if uniforms[i] >= min(1.0, float(ratio)):", "if uniforms[i] >= 1.0:", zero=True),
     Mutant("speculative_residual_from_target", "ex17_serving_attention", "verify_draft",
-           "return i, residual / residual.sum()", "return i, p_target[i]"),
+           "return i, residual / residual.sum()", "return i, p_target[i]", zero=True),
+    Mutant("lookup_logical_block", "ex17_serving_attention", "locate",
+           "return block_table[entries], positions % block_size", "return entries, positions % block_size",
+           zero=True),
+    Mutant("preempted_blocks_never_freed", "ex17_serving_attention", "make_room",
+           "pool += [int(b) for b in tables[row] if b >= 0]  # its blocks are free again",
+           "pass  # its blocks stay taken"),
+    Mutant("preempted_loses_generated_tokens", "ex17_serving_attention", "make_room",
+           "recompute = torch.where(keep, torch.zeros_like(prompts), prompts + generated)",
+           "recompute = torch.where(keep, torch.zeros_like(prompts), prompts)"),
+    Mutant("preempts_the_oldest", "ex17_serving_attention", "make_room",
+           "row = len(lengths) - 1", "row = 0"),
+    Mutant("paged_tail_not_masked", "ex17_serving_attention", "paged_decode",
+           "scores[:, max(0, length - j * block_size) :] = -math.inf  # past the end", "pass"),
+    Mutant("paged_no_rescale", "ex17_serving_attention", "paged_decode",
+           "shrink = torch.exp(running_max - new_max)  # rescale what came before",
+           "shrink = torch.ones_like(running_max)"),
     Mutant("intensity_cache_shared_by_batch", "ex17_serving_attention", "decode_intensity",
            "cache = 2 * num_layers * d_kv * positions",
            "cache = 2 * num_layers * d_kv * int(contexts.max())"),
@@ -363,6 +412,10 @@ MUTANTS = [
     Mutant("dropout_divides_by_p", BUG_HUNT, "dropout", "return x * keep / (1.0 - p)", "return x * keep / p"),
     Mutant("dropout_fixed_mask", BUG_HUNT, "dropout", "keep = torch.rand_like(x) >= p  #",
            "keep = (torch.arange(x.numel()).reshape(x.shape) % 10) >= 10 * p  #"),
+    Mutant("dropout_low_discrepancy_sequence_bug_hunt", BUG_HUNT, "dropout", "keep = torch.rand_like(x) >= p  #",
+           "dropout.calls = getattr(dropout, 'calls', 0) + 1\n    "
+           "keep = (torch.arange(x.numel(), dtype=torch.float64) * 0.6180339887498949\n"
+           "        + dropout.calls * 0.7548776662466927).remainder(1.0).reshape(x.shape) >= p  #"),
     Mutant("dropout_nan_when_p_is_one", BUG_HUNT, "dropout",
            "if p == 1.0:\n        return torch.zeros_like(x)", "if p == 2.0:\n        return torch.zeros_like(x)"),
     Mutant("residual_from_projection", BUG_HUNT, "attention_sublayer", "residual = q  #", "residual = q @ w_q  #"),
@@ -381,6 +434,13 @@ MUTANTS = [
            "keep = torch.rand_like(x) >= p", "keep = torch.rand_like(x) < p"),
     Mutant("dropout_active_in_eval", "ex08_layernorm_dropout_residuals", "dropout",
            "if not training or p == 0.0:", "if p == 0.0:"),
+    # a deterministic low-discrepancy sequence (golden-ratio steps): drops exactly p, never a whole row or
+    # column, a new mask on every call; not random (issue 43)
+    Mutant("dropout_low_discrepancy_sequence", "ex08_layernorm_dropout_residuals", "dropout",
+           "keep = torch.rand_like(x) >= p",
+           "dropout.calls = getattr(dropout, 'calls', 0) + 1\n    "
+           "keep = (torch.arange(x.numel(), dtype=torch.float64) * 0.6180339887498949\n"
+           "        + dropout.calls * 0.7548776662466927).remainder(1.0).reshape(x.shape) >= p  #"),
     Mutant("dropout_one_draw_per_row", "ex08_layernorm_dropout_residuals", "dropout",
            "keep = torch.rand_like(x) >= p", "keep = torch.rand_like(x[..., :1]) >= p"),
     Mutant("residual_orders_swapped", "ex08_layernorm_dropout_residuals", "residual_sublayer",
@@ -409,10 +469,10 @@ MUTANTS = [
            "pass"),
     Mutant("mha_merge_no_transpose", "ex06_multi_head_attention", "merge_heads",
            "return x.transpose(1, 2).reshape(batch, length, num_heads * d_head)",
-           "return x.reshape(batch, length, num_heads * d_head)"),
+           "return x.reshape(batch, length, num_heads * d_head)", zero=True),
     Mutant("mha_scale_d_model", "ex06_multi_head_attention", "multi_head_attention",
            "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])",
-           "scores = q @ k.transpose(-2, -1) / math.sqrt(query.shape[-1])"),
+           "scores = q @ k.transpose(-2, -1) / math.sqrt(query.shape[-1])", zero=True),
     Mutant("mha_no_output_projection", "ex06_multi_head_attention", "multi_head_attention",
            'output = merge_heads(weights @ v) @ params["W_o"] + params["b_o"]',
            "output = merge_heads(weights @ v)"),
@@ -448,13 +508,13 @@ MUTANTS = [
            "p = positions.to(torch.float64).unsqueeze(1)",
            "p = positions.to(torch.float64).unsqueeze(1) + 1"),
     Mutant("pe_profile_no_2", "ex07_positional_encoding", "offset_similarity",
-           "omega = 10000.0 ** (-2 * i / d_model)", "omega = 10000.0 ** (-i / d_model)"),
+           "omega = 10000.0 ** (-2 * i / d_model)", "omega = 10000.0 ** (-i / d_model)", zero=True),
     Mutant("pe_rotation_backwards", "ex07_positional_encoding", "shift_by_rotation",
            "torch.tensor([[c, s], [-s, c]], dtype=torch.float64)",
-           "torch.tensor([[c, -s], [s, c]], dtype=torch.float64)"),
+           "torch.tensor([[c, -s], [s, c]], dtype=torch.float64)", zero=True),
     Mutant("pe_rotation_only_first_pair", "ex07_positional_encoding", "shift_by_rotation",
            "for i in range(d_model // 2):",
-           "R = torch.eye(d_model, dtype=torch.float64)\n    for i in range(1):"),
+           "R = torch.eye(d_model, dtype=torch.float64)\n    for i in range(1):", zero=True),
     Mutant("pe_embed_no_sqrt", "ex07_positional_encoding", "embed_with_positions",
            "x = embedding_weight[tokens] * math.sqrt(d_model)",
            "x = embedding_weight[tokens]"),
@@ -544,11 +604,102 @@ def apply(mutant: Mutant) -> nbformat.NotebookNode:
     """The solution notebook with the mutant's replacement made in its part's graded cell."""
     nb = nbformat.read(SOLUTIONS / f"{mutant.notebook}.ipynb", as_version=4)
     cell = graded_cell(nb, mutant.part)
-    count = cell.source.count(mutant.old)
+    cell.source = apply_to(cell.source, mutant)
+    return nb
+
+
+def _top_level_names(source: str, imports: bool = True) -> set[str]:
+    """Names a cell binds at its top level (functions, classes, assignments, and imports unless ``imports`` is
+    false): what other cells can use."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif imports and isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _read_names(source: str) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Load)}
+
+
+def linked_parts(notebook: str, mutants: list[Mutant] = ()) -> dict[str, set[str]]:
+    """part -> the parts of ``notebook`` whose verdicts a mistake in it can change: those whose graded cell reads a
+    name its cell binds at the top level (in the solution or in any of ``mutants``' versions of it), followed
+    through chains (c reads b's names, b reads a's: a links to b and c)."""
+    nb = nbformat.read(SOLUTIONS / f"{notebook}.ipynb", as_version=4)
+    sources: dict[str, list[str]] = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and TAG_GRADED in cell_tags(cell):
+            sources.setdefault(cell_part(cell), []).append(cell.source)
+    # The solution's imports bind the modules every cell means (a cell's own `import torch` changes nothing for
+    # another); a mutant's version counts all it binds.
+    bound = {part: set().union(*(_top_level_names(text, imports=False) for text in texts))
+             for part, texts in sources.items()}
+    for mutant in mutants:
+        if mutant.notebook == notebook:
+            sources[mutant.part].append(apply_to(graded_cell(nb, mutant.part).source, mutant))
+            bound[mutant.part] |= _top_level_names(sources[mutant.part][-1])
+    read = {part: set().union(*map(_read_names, texts)) for part, texts in sources.items()}
+    links = {part: {other for other in sources if other != part and read[other] & bound[part]} for part in sources}
+    changed = True
+    while changed:
+        changed = False
+        for part, linked in links.items():
+            reach = set().union(linked, *(links[other] for other in linked)) - {part}
+            if reach != linked:
+                links[part], changed = reach, True
+    return links
+
+
+def pack(mutants: list[Mutant] | None = None) -> list[list[Mutant]]:
+    """The mutants grouped into as few notebooks as first-fit finds: each group holds mutants of one solution
+    notebook, at most one per part, and no two in linked parts (:func:`linked_parts`, either way), so each part's verdict
+    in the group's notebook is the verdict its mutant alone would get (the unmutated parts run the solution's
+    code). A notebook costs a sandbox start (about 3 s of CPU, importing PyTorch); checking a part costs a
+    fraction of that, so one notebook per group rather than per mutant cuts the grading to about a third."""
+    mutants = MUTANTS if mutants is None else mutants
+    links = {notebook: linked_parts(notebook, mutants) for notebook in dict.fromkeys(m.notebook for m in mutants)}
+    groups: list[list[Mutant]] = []
+    for mutant in mutants:
+        for group in groups:
+            if group[0].notebook == mutant.notebook and all(
+                    other.part != mutant.part and other.part not in links[mutant.notebook][mutant.part]
+                    and mutant.part not in links[mutant.notebook][other.part] for other in group):
+                group.append(mutant)
+                break
+        else:
+            groups.append([mutant])
+    return groups
+
+
+def apply_to(source: str, mutant: Mutant) -> str:
+    """``source`` (the graded cell of the mutant's part) with the mutant's one replacement made."""
+    count = source.count(mutant.old)
     if count != 1:
         raise ValueError(f"mutant {mutant.name}: {mutant.old!r} occurs {count} times in the {mutant.part} cell")
-    cell.source = cell.source.replace(mutant.old, mutant.new)
-    return nb
+    return source.replace(mutant.old, mutant.new)
+
+
+def write_packed_mutants(folder: Path, mutants: list[Mutant] | None = None) -> dict[str, list[Mutant]]:
+    """Write one notebook per group of :func:`pack` into ``folder`` (every mutant of the group applied);
+    returns file name -> the group's mutants."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, list[Mutant]] = {}
+    for number, group in enumerate(pack(mutants)):
+        nb = nbformat.read(SOLUTIONS / f"{group[0].notebook}.ipynb", as_version=4)
+        for mutant in group:
+            cell = graded_cell(nb, mutant.part)
+            cell.source = apply_to(cell.source, mutant)
+        name = f"{group[0].notebook}__group{number:03d}.ipynb"
+        nbformat.write(nb, folder / name)
+        written[name] = group
+    return written
 
 
 def write_mutants(folder: Path, mutants: list[Mutant] | None = None) -> dict[str, Mutant]:

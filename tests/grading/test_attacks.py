@@ -331,6 +331,7 @@ LIBRARY_ATTACKS: dict[str, tuple[str, str]] = {
 # "runtime": the source check must NOT be what stopped it (its message is not the rule's "no marks: it uses").
 EX10, EX13, EX14, EX15 = ("ex10_decoder_and_transformer", "ex13_decoder_only_language_models",
                           "ex14_positions_for_long_contexts", "ex15_attention_at_inference_scale")
+EX09 = "ex09_the_encoder"
 GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
     "imports_a_submodule_by_a_built_string": (EX14, {"rotate_pairs": (
         "def rotate_pairs(x, positions, base=10000.0):\n"
@@ -464,6 +465,18 @@ GUARD_ATTACKS: dict[str, tuple[str, dict[str, str], str]] = {
             "def decoder_masks(src, decoder_input, pad_id):\n"
             "    self_mask = lower_triangle(decoder_input.size(1))\n"
             "    return self_mask, (src != pad_id)[:, None, None, :]\n")}, "runtime"),
+    # Issue 42: ex09's encoder_layer may use ac.PositionwiseFeedForward, its feed_forward may not; a class
+    # was never gated per part, so a name the source check cannot read reached it from feed_forward.
+    "uses_a_class_another_part_may_use": (EX09, {"feed_forward": (
+        "def feed_forward(x, W1, b1, W2, b2):\n"
+        "    library = globals()['a' + 'c']\n"
+        "    block = getattr(library, 'Positionwise' + 'FeedForward')(W1.shape[0], W1.shape[1])\n"
+        "    with torch.no_grad():\n"
+        "        block.linear1.weight.copy_(W1.T)\n"
+        "        block.linear1.bias.copy_(b1)\n"
+        "        block.linear2.weight.copy_(W2.T)\n"
+        "        block.linear2.bias.copy_(b2)\n"
+        "    return block.eval()(x).detach()\n")}, "runtime"),
     "hides_the_call_in_a_cell_magic": (EX14, {"rotate_pairs": (
         "%%time\n"
         "import attention_course as ac\n"
@@ -815,3 +828,155 @@ def test_a_submission_is_read_once_as_a_regular_file(tmp_path):
     assert "not a regular file" in read_submission(tmp_path / "fifo.ipynb", 100)  # and it did not block
     assert "more than" in read_submission(good, 1)
     assert clean_text("a\x1b[31mb\x1b[0m\r\nc\x07") == "ab c"
+
+
+# --- issue 42: the instructor's process bounded, the sandbox hardened as root ----------------------------
+# Each notebook below is graded by the documented command (`python -m attention_course.grading .`, run in the
+# submissions folder, --csv and --json), next to an honest classmate. Each test fails on the code before
+# issue 42: the pickle bomb's results were unpickled in the grader (about 10 s and a gigabyte for its 8M
+# opcodes on this machine, gigabytes and minutes at the 64 MB cap), the forty crashing cells each cost a
+# fresh sandbox (292 s against a 24 s budget in the report), the helpers' analysis grew quadratically with
+# the notebook, the formula file name landed verbatim in the CSV.
+PICKLE_BOMB = """
+import io, json, os, struct, zipfile, torch
+def hard_attention_weights(scores):
+    honest = io.BytesIO()
+    torch.save([], honest)
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(honest.getvalue())) as source, \\
+            zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_STORED) as target:
+        for record in source.infolist():
+            data = source.read(record)
+            if record.filename.endswith("data.pkl"):
+                data = b"\\x80\\x02" + b"]" * 8_000_000 + b"."  # 8M EMPTY_LIST opcodes
+            target.writestr(record.filename, data)
+    blob = bomb.getvalue()
+    header = json.dumps({"step": "part_done", "part": "hard_attention_weights", "size": len(blob)}).encode()
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                os.write(fd, struct.pack(">I", len(header)) + header)
+                view = memoryview(struct.pack(">I", len(blob)) + blob)
+                while view:
+                    view = view[os.write(fd, view):]
+        except OSError:
+            pass
+    os._exit(0)
+import stat
+"""
+
+USER_NAMESPACE = """
+import os, ctypes, subprocess
+def hard_attention_weights(scores):
+    for attempt in (lambda: ctypes.CDLL(None, use_errno=True).unshare(0x10000000),
+                    lambda: subprocess.run(["unshare", "-U", "true"]).returncode):
+        try:
+            if attempt() == 0:
+                raise RuntimeError("LEAK: made a user namespace")
+        except (OSError, PermissionError, ValueError, ImportError):
+            pass
+    raise NotImplementedError
+"""
+
+FORMULA_NAME = '=HYPERLINK("example.invalid","click").ipynb'
+HELPERS = 20_000  # about 1.3 MB of helpers that call each other
+
+
+def _copy_graded(nb: nbformat.NotebookNode, part: str, source: str, copies: int) -> None:
+    """Insert ``copies`` more graded cells of ``part`` (same tags and metadata) after its graded cell."""
+    import copy
+
+    cell = graded_cell(nb, part)
+    index = nb.cells.index(cell)
+    for number in range(copies):
+        extra = copy.deepcopy(cell)
+        extra.source = source
+        if "id" in extra:
+            extra["id"] = f"extra-{number}"
+        nb.cells.insert(index + 1 + number, extra)
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("issue42")
+    sub = base / "submissions"
+    sub.mkdir()
+    solution = nbformat.read(SOLUTION, as_version=4)
+    nbformat.write(solution, sub / "honest.ipynb")
+    nbformat.write(solution, sub / FORMULA_NAME)
+
+    nb = nbformat.read(LEARNER, as_version=4)
+    graded_cell(nb, "hard_attention_weights").source = PICKLE_BOMB
+    nbformat.write(nb, sub / "attack_pickle_bomb.ipynb")
+
+    nb = nbformat.read(SOLUTION, as_version=4)
+    _copy_graded(nb, "hard_attention_weights", "import os\nos._exit(1)\n", 40)
+    nbformat.write(nb, sub / "attack_forty_exits.ipynb")
+
+    nb = nbformat.read(SOLUTION, as_version=4)
+    graded_cell(nb, "hard_attention_weights").source = (
+        "def hard_attention_weights(scores):\n    return helper_0(scores)\n")
+    helpers = [f"def helper_{i}(x):\n    return helper_{i + 1}(x) + helper_{(i * 7 + 3) % HELPERS}(x)\n"
+               for i in range(HELPERS)]
+    for start in range(0, HELPERS, 500):
+        nb.cells.append(nbformat.v4.new_code_cell("\n".join(helpers[start:start + 500])))
+    nbformat.write(nb, sub / "attack_carried_helpers.ipynb")
+
+    nb = nbformat.read(LEARNER, as_version=4)
+    graded_cell(nb, "hard_attention_weights").source = USER_NAMESPACE
+    nbformat.write(nb, sub / "attack_user_namespace.ipynb")
+
+    command = [sys.executable, "-m", "attention_course.grading", ".", "--json", str(base / "grades.json"),
+               "--csv", str(base / "grades.csv"), "--jobs", str(JOBS), "--timeout", str(TIMEOUT), "--seed", "0"]
+    started = time.monotonic()
+    run = subprocess.run(command, capture_output=True, text=True, cwd=sub, timeout=900,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = {Path(entry["path"]).name: entry
+               for entry in json.loads((base / "grades.json").read_text())["notebooks"]}
+    return {"results": results, "csv": (base / "grades.csv").read_text(), "stdout": run.stdout,
+            "seconds": time.monotonic() - started}
+
+
+def _part(entry: dict, name: str = "hard_attention_weights") -> dict:
+    return next(part for part in entry["parts"] if part["name"] == name)
+
+
+def test_a_pickle_bomb_in_the_results_is_refused_unread(bounded):
+    entry = bounded["results"]["attack_pickle_bomb.ipynb"]
+    assert entry["score"] == 0 and bounded["results"]["honest.ipynb"]["score"] == 8
+    assert "wire format" in _part(entry)["message"], _part(entry)  # before: unpickled, then "incomplete"
+    assert entry["seconds"] < notebook_budget(TIMEOUT), entry["seconds"]  # before: 78 s here
+
+
+def test_forty_crashing_graded_cells_cost_one_sandbox(bounded):
+    """One graded cell per part is sent (the last that defines its function): the 40 copies that call
+    os._exit(1) never run, and the notebook is graded in one attempt, within one notebook's budget."""
+    entry = bounded["results"]["attack_forty_exits.ipynb"]
+    assert "more than one graded cell for hard_attention_weights" in entry["message"], entry["message"]
+    assert entry["score"] == 8, entry  # the notebook's own answers, judged as a top-to-bottom run leaves them
+    assert entry["seconds"] < notebook_budget(TIMEOUT) + 10, entry["seconds"]
+
+
+def test_helpers_that_call_each_other_are_analysed_in_bounded_time(bounded):
+    entry = bounded["results"]["attack_carried_helpers.ipynb"]
+    message = entry["message"] + _part(entry)["message"]
+    # Either the analysis finished (and the cell it makes is too long to read) or it stopped at its deadline.
+    assert "more than the 200,000" in message or "nothing was carried" in message, message
+    assert _part(entry)["score"] == 0 and entry["score"] == 7, entry
+    assert entry["seconds"] < notebook_budget(TIMEOUT), entry["seconds"]
+
+
+def test_a_formula_file_name_is_text_in_the_csv(bounded):
+    rows = list(csv.reader(io.StringIO(bounded["csv"])))
+    assert any(row[0] == "'" + FORMULA_NAME for row in rows), [row[0] for row in rows]
+    for row in rows:
+        for cell in row:
+            assert not cell.startswith(("=", "+", "-", "@", "\t", "\r")), cell
+
+
+def test_learner_code_makes_no_user_namespace_through_the_grader(bounded):
+    """Through the documented command the run-time guard refuses ctypes and other programs first; the
+    seccomp filter under it is tested on its own (test_sandbox: test_no_user_namespace_inside_the_sandbox)."""
+    entry = bounded["results"]["attack_user_namespace.ipynb"]
+    assert entry["score"] == 0 and "LEAK" not in json.dumps(entry), entry

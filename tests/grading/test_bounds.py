@@ -12,6 +12,7 @@ import io
 import os
 import resource
 import shutil
+import struct
 import zipfile
 
 import pytest
@@ -24,6 +25,7 @@ from attention_course.grading.learner_text import CELL_LIMIT, LearnerTextError, 
 from attention_course.grading.library_rules import library_problem
 from attention_course.grading.report import Roster
 from attention_course.grading.sandbox import _load_outcome_bytes, notebook_budget, run_parts
+from attention_course.grading.wire import WireFormatError, decode, encode
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (make grader-deps) is not installed")
 
@@ -40,40 +42,85 @@ def _cpu() -> float:
 
 
 # --- results ------------------------------------------------------------------------------------------
-def test_a_zip_that_inflates_is_refused_before_it_is_decoded():
-    """A learner who replaces torch.save (or writes to the channel) sends a small zip whose record inflates
-    to 200 MB: refused from the zip's directory, nothing inflated."""
-    honest = _saved([{"status": "ok", "value": torch.ones(3)}])
+def test_a_pickle_opcode_bomb_is_refused_without_being_run():
+    """Issue 42: a part's results that hold a pickle of 4M NONE/POP pairs. PyTorch's weights-only unpickler
+    runs every opcode in Python (about 35 s and 620 MiB for 8M opcodes, in the grader's own process); the
+    grader now reads results with the wire's own parser, which refuses these bytes at their first four."""
     bomb = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(honest)) as source, zipfile.ZipFile(bomb, "w") as target:
-        for record in source.infolist():
-            data = source.read(record)
-            if record.filename.endswith("/data/0"):
-                data = bytes(200_000_000)  # the storage, made huge
-            target.writestr(record.filename, data, compress_type=zipfile.ZIP_DEFLATED)
-    assert len(bomb.getvalue()) < 1_000_000
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02" + b"N0" * 4_000_000 + b"N.")
+        archive.writestr("archive/version", b"3\n")
     started = _cpu()
     loaded = _load_outcome_bytes(bomb.getvalue(), 1)
-    assert isinstance(loaded, str) and "compressed" in loaded, loaded
+    assert isinstance(loaded, str) and "wire format" in loaded, loaded
+    assert _cpu() - started < 0.5
+
+
+def test_torch_save_bytes_and_zips_are_not_the_wire_format():
+    """A learner who replaces the worker's encoder (or writes to the channel) and sends torch.save bytes,
+    even a small zip whose record inflates to 200 MB: refused from their first bytes, nothing inflated."""
+    honest = encode([{"status": "ok", "value": torch.ones(3)}])
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w") as target:
+        target.writestr("archive/data/0", bytes(200_000_000), compress_type=zipfile.ZIP_DEFLATED)
+    started = _cpu()
+    for data in (bomb.getvalue(), _saved([{"status": "ok", "value": torch.ones(3)}])):
+        loaded = _load_outcome_bytes(data, 1)
+        assert isinstance(loaded, str) and "wire format" in loaded, loaded
     assert _cpu() - started < 1.0  # nothing was inflated
     assert _load_outcome_bytes(honest, 1)[0]["value"].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_the_wire_carries_every_wire_type_exactly():
+    value = [{"status": "ok", "value": (torch.randn(2, 3), torch.tensor(True), torch.zeros(0, 4, dtype=torch.int64),
+                                        torch.ones(2, dtype=torch.bfloat16), torch.randn(3, dtype=torch.complex64),
+                                        [1, -2**70, 2.5, float("nan"), None, True, "é"], {"k": torch.arange(4)})},
+             {"status": "error", "type": "ValueError", "message": "m", "where": "line 1"}]
+    decoded = decode(encode(value))
+    assert type(decoded[0]["value"]) is tuple and type(decoded[0]["value"][5]) is list
+    for sent, came in zip(value[0]["value"][:5], decoded[0]["value"][:5]):
+        assert came.dtype == sent.dtype and came.shape == sent.shape and torch.equal(came, sent)
+    assert decoded[0]["value"][5][:3] == [1, -2**70, 2.5] and decoded[0]["value"][5][4:] == [None, True, "é"]
+    assert decoded[1] == value[1]
+    assert torch.equal(decoded[0]["value"][6]["k"], torch.arange(4))
+
+
+def test_the_wire_parser_checks_every_limit_before_it_builds():
+    """Each claim is checked against the limits and the bytes that came before anything is allocated."""
+    cases = {
+        "elements": b"ACW1X" + struct.pack("<BBB", 0, 0, 2) + struct.pack("<2Q", 1_000_000, 1_000_000) + bytes(4),
+        "ends early": b"ACW1X" + struct.pack("<BBB", 0, 0, 1) + struct.pack("<Q", 1000) + bytes(4),
+        "items": b"ACW1l" + struct.pack("<I", 2**31),
+        "nested": b"ACW1" + b"l\x01\x00\x00\x00" * 40 + b"N",
+        "string": b"ACW1s" + struct.pack("<I", 2**31),
+        "type tag": b"ACW1P",
+        "after its value": b"ACW1NN",
+        "decimal": b"ACW1i" + struct.pack("<H", 3) + b"1e5",
+        "dtype": b"ACW1X" + struct.pack("<BBB", 200, 0, 0),
+    }
+    for words, data in cases.items():
+        with pytest.raises(WireFormatError, match=words):
+            decode(data)
+
+
 def test_a_tensor_claiming_more_elements_than_it_holds_is_refused():
-    """A zero-stride view of one number claims 10^12 elements: comparing it would allocate terabytes."""
-    view = torch.zeros(1).expand(1_000_000, 1_000_000)
-    loaded = _load_outcome_bytes(_saved([{"status": "ok", "value": view}]), 1)
-    assert isinstance(loaded, str) and "plain data" in loaded, loaded
+    """A tensor that claims 10^12 elements over 4 bytes (what a zero-stride view would be): refused."""
+    claim = b"ACW1l\x01\x00\x00\x00d\x02\x00\x00\x00" + struct.pack("<I", 6) + b"status" + \
+        b"s\x02\x00\x00\x00ok" + struct.pack("<I", 5) + b"value" + b"X" + struct.pack("<BBB", 0, 0, 2) + \
+        struct.pack("<2Q", 1_000_000, 1_000_000) + bytes(4)
+    loaded = _load_outcome_bytes(claim, 1)
+    assert isinstance(loaded, str) and "5,000,000 elements" in loaded, loaded
 
 
-def test_shared_nested_lists_do_not_make_the_check_exponential():
-    value: list = [0]
-    for _ in range(8):
-        value = [value] * 1000  # 1000^8 paths through 8 lists
+def test_nested_lists_cost_what_their_bytes_cost():
+    """Shared structure (a list holding the same list 1,000 times, 8 deep: 1000^8 values) cannot be written:
+    each value must be in the bytes. A million real values stop at the value limit (200,000)."""
+    level = b"l" + struct.pack("<I", 1000)
+    data = b"ACW1" + level + (level + b"N" * 1000) * 1000
     started = _cpu()
-    loaded = _load_outcome_bytes(_saved([{"status": "ok", "value": value}]), 1)
-    assert isinstance(loaded, str)
-    assert _cpu() - started < 5.0
+    with pytest.raises(WireFormatError, match="more than 200,000 values"):
+        decode(data)
+    assert _cpu() - started < 2.0
 
 
 # --- learner text -------------------------------------------------------------------------------------
@@ -112,6 +159,42 @@ def test_forty_slow_cells_cannot_take_more_than_the_budget():
                        timeout=0.5, budget=3.0)
     assert part.name not in result.outcomes
     assert "time budget" in result.failures[part.name], result.failures
+
+
+@needs_bwrap
+def test_cells_that_end_the_process_cost_attempts_and_budget():
+    """Issue 42: ten cells of one part that each call os._exit(1) used to cost a fresh sandbox each (and no
+    budget): now a notebook gets at most parts + 2 attempts, each retry charged to its budget."""
+    exercise = get_exercise("ex02")
+    part = exercise.part("hard_attention_weights")
+    cells = [(index, part.name, "import os\nos._exit(1)\n") for index in range(10)]
+    cells.append((10, part.name, "def hard_attention_weights(scores):\n    return scores\n"))
+    result = run_parts("ex02", exercise.preamble, cells, [(part.name, part.make_cases(torch.Generator()))],
+                       timeout=20)
+    assert result.processes <= 1 + 2, result.processes
+    assert part.name not in result.outcomes
+    assert "attempts" in result.failures[part.name], result.failures
+
+
+def test_carrying_helpers_is_linear_in_the_notebook_and_has_a_deadline():
+    """Issue 42: 1.3 MB of helpers that call each other took the carried-definitions analysis 36-50 s
+    (quadratic in the helpers); it is now linear, and stops at its deadline."""
+    import time
+
+    from attention_course.grading.evaluate import AnalysisTimeout, carried_definitions
+
+    count = 20_000
+    helpers = [f"def helper_{i}(x):\n    return helper_{i + 1}(x) + helper_{(i * 7 + 3) % count}(x) + {i}\n"
+               for i in range(count)]
+    others = ["\n".join(helpers[i:i + 500]) for i in range(0, count, 500)]
+    assert sum(map(len, others)) > 1_300_000
+    graded = {"hard_attention_weights": "def hard_attention_weights(scores):\n    return helper_0(scores)\n"}
+    started = _cpu()
+    carried = carried_definitions(graded, others, "import torch", ["hard_attention_weights"])
+    assert _cpu() - started < 15.0
+    assert len(carried["hard_attention_weights"][1]) == count  # every helper, each visited once
+    with pytest.raises(AnalysisTimeout):
+        carried_definitions(graded, others, "import torch", ["hard_attention_weights"], deadline=time.monotonic())
 
 
 # --- memory -------------------------------------------------------------------------------------------

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import io
+import keyword
 import math
 import pickle
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -44,16 +47,7 @@ def run_check(checker: Checker, part: str, obj: object, **kwargs) -> str:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_solutions_pass_every_part(path, seed):
-    ex, namespace = namespace_of(path)
-    checker = Checker(ex, seed=seed)
-    for part in ex.parts:
-        text = run_check(checker, part.name, namespace[part.function])
-        assert checker.passed(part.name), text
-        assert "FAIL" not in text and "Passed: all" in text
-    assert f"Progress: {len(ex.parts)} of {len(ex.parts)} parts passed, {ex.max_score} of {ex.max_score}" in text
+# The solutions' full marks and report on seeds 0-29: tests/grading/test_tolerances.py (one sweep for both).
 
 
 @pytest.mark.parametrize("path", [ROOT / "exercises" / p.name for p in SOLUTIONS], ids=[p.name for p in SOLUTIONS])
@@ -89,12 +83,17 @@ def test_wrong_answer_gives_specific_messages_and_a_pointer_to_the_hint():
     text = run_check(checker, "soft_attention_weights", naive)
     assert "FAIL  scores around +1e4 (overflow test): row 0 of your weights contains NaN" in text
     assert "PASS  scores (5, 8), beta = 1" in text
-    # partial credit: the overflow case fails, the others pass
+    # partial credit: the overflow case fails, the others pass; a degenerate case (a vector: one axis, so no
+    # wrong axis can show) passes without counting, and the report says why
     cases = get_exercise("ex02").part("soft_attention_weights").make_cases(torch.Generator().manual_seed(0))
     passed = sum(f"PASS  {case.name}" in text for case in cases)
-    assert 0 < passed < len(cases)
+    credited = [case for case in cases if case.credit]
+    earned = sum(f"PASS  {case.name}" in text for case in credited)
+    assert 0 < earned < len(credited) < len(cases)
     assert 'check.hint("soft_attention_weights")' in text
-    assert f"{passed} of {len(cases)} cases passed, {2 * passed / len(cases):g} of 2 points" in text
+    assert f"{passed} of {len(cases)} cases passed, {round(2 * earned / len(credited), 2):g} of 2 points" in text
+    assert "PASS  a vector of 7 scores, beta = 0.5 (no credit on its own)" in text
+    assert "1 of the passed cases earns nothing on its own: its input hides a known mistake" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("returned", [
@@ -208,7 +207,9 @@ def test_result_files_are_read_without_running_code(tmp_path):
     torch.save([_Payload()], path)
     assert "could not be read" in _load_outcomes(path, 1)
     assert not marker.exists()
-    torch.save([{"status": "ok", "value": torch.ones(2)}], path)
+    from attention_course.grading.wire import encode  # the grader's results format (issue 42: no unpickler)
+
+    path.write_bytes(encode([{"status": "ok", "value": torch.ones(2)}]))
     assert _load_outcomes(path, 1)[0]["status"] == "ok"
     assert _load_outcomes(path, 2) == "its results were incomplete"
 
@@ -237,8 +238,47 @@ def _solution_lines(path: Path) -> dict[str, list[str]]:
 TWO_TIERS = {"ex02", "ex03", "ex04", "ex05", "ex06", "ex07", "ex08", "ex09", "ex10", "ex11", "ex13", "bug_hunt"}
 
 
-def _squash(text: str) -> str:
-    return "".join(text.split()).replace("'", '"')
+#: Exercises whose hints other sessions are rewriting (issue 43 leaves ex16 and ex17 to them): held to the old rule,
+#: exact copies only, until their hints pass :func:`copied_code` (ex16's patch_recovered_share gives its formula).
+EXACT_HINT_RULE = {"ex16", "ex17"}
+_KEPT_NAMES = {"torch", "F", "nn", "math", "ac", *keyword.kwlist, *dir(builtins)}
+_TOKEN = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d*)?|==|!=|<=|>=|\*\*|//|->|[^\s\w]")
+
+
+def normalised_tokens(text: str) -> list[str]:
+    """``text`` (code or prose) as tokens with every identifier of the learner's own a placeholder ``ID``:
+    names after a dot (attributes), keyword-argument names, keywords, builtins and the modules a cell imports
+    stay, so that ``torch.cat([old, new], dim=-2)`` and ``torch.cat([past_keys, new_keys], dim=-2)`` match."""
+    tokens = _TOKEN.findall(text.replace("'", '"'))
+    out = []
+    for i, token in enumerate(tokens):
+        is_name = token[0].isalpha() or token[0] == "_"
+        attribute = i > 0 and tokens[i - 1] == "."
+        keyword_argument = i + 1 < len(tokens) and tokens[i + 1] == "=" and (i + 2 == len(tokens) or tokens[i + 2] != "=")
+        out.append("ID" if is_name and token not in _KEPT_NAMES and not attribute and not keyword_argument else token)
+    return out
+
+
+def copied_code(line: str, hint: str, length: int = 6, solid: int = 3) -> str | None:
+    """A run of at least ``length`` normalised tokens of a solution ``line`` that ``hint`` contains, with at least
+    ``solid`` tokens that are code (not a placeholder, a comma or a parenthesis, which shapes like ``(B, L)``
+    are made of); ``None`` when there is none."""
+    code, text = normalised_tokens(line), " " + " ".join(normalised_tokens(hint)) + " "
+    for start in range(len(code) - length + 1):
+        for end in range(len(code), start + length - 1, -1):
+            run = code[start:end]
+            if sum(token not in ("ID", ",", "(", ")") for token in run) >= solid and f" {' '.join(run)} " in text:
+                return " ".join(run)
+    return None
+
+
+def test_the_hint_rule_sees_through_renamed_variables():
+    line = "keys = torch.cat([past_keys, new_keys], dim=-2)"
+    assert copied_code(line, "torch.cat([old, new], dim=-2) puts the new positions last")
+    assert copied_code("allowed = torch.ones(length, length, dtype=torch.bool).tril()",
+                       "e.g. torch.ones(L, L, dtype=torch.bool).tril()")
+    assert copied_code(line, "join the cached tensor and the new one along the second-to-last dimension") is None
+    assert copied_code("return x.view(batch, length, heads, d).transpose(1, 2)", "shape (B, L, H, D)") is None
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
@@ -251,7 +291,11 @@ def test_hints_come_in_two_tiers_without_solution_code(path):
             assert len(hints) == 2, f"{ex.id}.{part_name}: a concept hint and an approach hint"
         for hint in hints:
             for line in lines:
-                assert _squash(line) not in _squash(hint), f"{ex.id}.{part_name}'s hint contains `{line}`"
+                if ex.id in EXACT_HINT_RULE:  # not yet held to the renamed-copy rule: exact copies only
+                    assert "".join(line.split()) not in "".join(hint.split()), f"{ex.id}.{part_name}: `{line}`"
+                    continue
+                copied = copied_code(line, hint)
+                assert copied is None, f"{ex.id}.{part_name}'s hint gives the code of `{line}`: {copied}"
 
 
 def test_hint_levels_and_unknown_levels():
@@ -419,3 +463,27 @@ def test_a_length_one_self_mask_without_its_diagonal_is_not_called_inverted():
     length = longer.args[1].size(1)
     inverted = ~torch.ones(length, length, dtype=torch.bool).tril()
     assert "inverted" in str(part.verify(longer, (inverted, (longer.args[0] != longer.args[2])[:, None, None, :])))
+
+
+def test_dropout_randomness_false_alarm_rate():
+    """The randomness test of dropout masks (ex08 and the bug hunt's part 7) on independent drops: over 200
+    seeds of ex08's four training cases, two calls each (2400 statistics), no |z| comes near the threshold of 7
+    (measured over 2000 seeds: the largest was 4.42, as normal statistics give; a false alarm has probability
+    about 3e-12 per statistic). A golden-ratio sequence that drops exactly p is caught in every case."""
+    from attention_course.grading.exercises.ex08 import RANDOMNESS_Z, dropout_randomness
+
+    cases = [((200, 500), 0.2), ((4, 100, 100), 0.5), ((300, 300), 0.9), ((100, 100), 0.3)]
+    largest = 0.0
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        for shape, p in cases:
+            first, second = torch.rand(shape, generator=g) < p, torch.rand(shape, generator=g) < p
+            largest = max(largest, *map(abs, dropout_randomness(first, p, second).values()))
+    assert largest < 5.5 < RANDOMNESS_Z, largest
+    golden = 0.6180339887498949
+    for shape, p in cases:
+        n = math.prod(shape)
+        sequence = [(torch.arange(n, dtype=torch.float64) * golden + call * 0.7548776662466927).remainder(1.0)
+                    .reshape(shape) < p for call in (1, 2)]
+        z = dropout_randomness(sequence[0], p, sequence[1])
+        assert max(abs(z["neighbours"]), -z["rows"], abs(z["calls"])) > RANDOMNESS_Z, (shape, p, z)

@@ -5,6 +5,7 @@ format)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import shutil
 import subprocess
@@ -167,3 +168,17 @@ def test_gradescope_bundle_has_setup_run_package_and_exercise(tmp_path):
     assert 'gradescope run ex04 "$SUBMISSION" "$RESULTS"' in run
     assert "SUBMISSION=/autograder/submission\nRESULTS=/autograder/results/results.json\n" in run
     assert (tmp_path / "ex04-autograder" / "run_autograder").stat().st_mode & 0o111
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_text():
+    """Issue 42: a file named =HYPERLINK(...).ipynb landed verbatim in the CSV. Every text cell that starts
+    with =, +, -, @, a tab or a carriage return now gets a leading apostrophe; numbers stay numbers."""
+    from attention_course.grading.grader import NotebookResult
+    from attention_course.grading.report import to_csv
+
+    results = [NotebookResult(start + "x.ipynb", "ex02", 3, 8, message=start + "message", seconds=1.5)
+               for start in ("=", "+", "-", "@", "\t", "\r", "plain ")]
+    rows = list(csv.reader(io.StringIO(to_csv(results), newline="")))
+    for row in rows[1:]:
+        assert row[0].startswith(("'", "plain")) and row[4].startswith(("'", "plain")), row
+        assert row[2] == "3" and row[5] == "1.50"

@@ -43,6 +43,7 @@ from attention_course.grading.notebook_format import (
 )
 from attention_course.grading.report import Roster, class_summary, common_failures, feedback_html, feedback_markdown
 from attention_course.grading.spec import InputWatch, _TrackedRun
+from tests.grading.mutants import MUTANTS
 from tests.grading.test_checks import SOLUTIONS, namespace_of, run_check
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -335,8 +336,8 @@ def test_a_message_that_gave_the_solution_away_is_caught():
     assert all("docstring" not in text for _, text in texts)
     # Code one exercise imports from another is read too, and only that code: the bug hunt's dropout from ex08.
     imported = [where for where in check_texts_of("bug_hunt") if where != "bug_hunt.py"]
-    assert imported == ["ex08.py (_called_twice, _drop_tolerance, _random_dropout_problem, run_dropout, "
-                        "verify_dropout)"]
+    assert imported == ["ex08.py (RANDOMNESS_Z, _called_twice, _drop_tolerance, _random_dropout_problem, "
+                        "_randomness_problem, dropout_randomness, run_dropout, verify_dropout)"]
     assert list(check_texts_of("ex10")) == ["ex10.py"]
     # An expression the learner's notebook states is the task, not a give-away: ex08's pre-norm formula.
     ex08 = solution_code(NOTEBOOK_OF["ex08"])
@@ -534,6 +535,22 @@ def test_a_sampler_that_never_applies_top_p_is_told_so():
     assert "do not filter after drawing" not in text
     checker, text = _ex13_with("sample_next_token", "filtered = top_k_filter(filtered, top_k)", "pass")
     assert "which top-k = 2 removes" in text and "without the top-k filter" in text
+
+
+def test_sampler_mistakes_of_issue_43_are_named():
+    """Top-p skipped when top-k is given, filters applied before the temperature, and a top-p that keeps one token
+    (told to check its filters, not to use its generator)."""
+    checker, text = _ex13_with("sample_next_token", "    if top_p is not None:\n        filtered = top_p_filter",
+                               "    elif top_p is not None:\n        filtered = top_p_filter")
+    assert checker._verdicts["sample_next_token"].score < 2
+    assert "your draws ignore top_p = 0.6 when top_k = 4 is given too" in text
+    early = next(m for m in MUTANTS if m.name == "sample_filters_before_temperature")
+    checker, text = _ex13_with("sample_next_token", early.old, early.new)
+    assert "your draws follow the filters applied to the untempered logits, then the temperature" in text
+    checker, text = _ex13_with("sample_next_token", "filtered = top_p_filter(filtered, top_p)",
+                               "filtered = top_k_filter(filtered, 1)")  # a top-p that keeps one token
+    assert "every draw gave token" in text and "your sampler keeps one token, but with top-p = 0.6" in text
+    assert "generator" not in text.split("top-p 0.6 on probabilities")[1].split("FAIL")[0].split("PASS")[0]
 
 
 def test_a_cache_joined_along_the_wrong_dimension_is_explained_with_its_shapes():

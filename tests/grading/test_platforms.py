@@ -93,6 +93,12 @@ def _files_with(marker: str, folder: Path) -> list[str]:
 
 
 # --- Gradescope -------------------------------------------------------------------------------------------
+#: The capabilities Docker gives a container by default (moby's defaults): no CAP_SYS_ADMIN.
+DOCKER_CAPABILITIES = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+                       "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+                       "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE")
+
+
 @dataclass
 class Autograder:
     """A folder that is ``/autograder`` inside :meth:`run`'s mount namespace, after ``setup.sh`` ran."""
@@ -101,9 +107,26 @@ class Autograder:
     base: Path
     setup_log: str = ""
 
-    def run(self, argv: list[str], path_prefix: str = "", timeout: float = 600) -> subprocess.CompletedProcess:
-        """Run ``argv`` as root in ``/autograder`` with this folder bound there and no network."""
+    def run(self, argv: list[str], path_prefix: str = "", timeout: float = 600, docker: str | None = None) \
+            -> subprocess.CompletedProcess:
+        """Run ``argv`` as root in ``/autograder`` with this folder bound there and no network. ``docker``:
+        ``"caps"`` keeps only Docker's default capabilities (no CAP_SYS_ADMIN), with /proc unmasked;
+        ``"seccomp"``, Docker's defaults: those capabilities, /proc masked, and new user namespaces refused, as
+        Docker's default seccomp profile refuses them to a process without CAP_SYS_ADMIN."""
         command = [bwrap_path(), "--die-with-parent", "--unshare-net"]
+        pass_fds: tuple[int, ...] = ()
+        if docker:
+            command += ["--cap-drop", "ALL"]
+            for cap in DOCKER_CAPABILITIES:
+                command += ["--cap-add", cap]
+        if docker == "seccomp":
+            from attention_course.grading.isolation import seccomp_fd
+
+            fd = seccomp_fd()
+            if fd is None:
+                pytest.skip("no seccomp program for this architecture")
+            command += ["--seccomp", str(fd)]
+            pass_fds = (fd,)
         for entry in sorted(os.listdir("/")):
             path = "/" + entry
             if entry in ("proc", "dev", "autograder"):
@@ -114,20 +137,28 @@ class Autograder:
                 command += ["--bind", path, path]
             else:
                 command += ["--ro-bind", path, path]
-        command += ["--proc", "/proc", "--dev-bind", "/dev", "/dev", "--bind", str(self.root), "/autograder",
+        # Docker masks paths of /proc by default, which stops any new procfs mount in a user namespace; the
+        # "caps" container is one run with --security-opt systempaths=unconfined (its /proc fully visible).
+        command += ["--bind", "/proc", "/proc"] if docker == "caps" else ["--proc", "/proc"]
+        command += ["--dev-bind", "/dev", "/dev", "--bind", str(self.root), "/autograder",
                     "--ro-bind", str(SITE_PACKAGES), HOST_SITE, "--chdir", "/autograder", "--", *argv]
         env = {"PATH": path_prefix + "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": "/root", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+        try:
+            return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout,
+                                  pass_fds=pass_fds)
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
 
-    def submit(self, notebook: nbformat.NotebookNode, path_prefix: str = "") -> tuple[subprocess.CompletedProcess,
-                                                                                         dict, bytes]:
+    def submit(self, notebook: nbformat.NotebookNode, path_prefix: str = "", docker: str | None = None) \
+            -> tuple[subprocess.CompletedProcess, dict, bytes]:
         """Gradescope's part: a fresh submission folder and no results, then ``run_autograder``."""
         for name in ("submission", "results"):
             shutil.rmtree(self.root / name, ignore_errors=True)
         (self.root / "submission").mkdir()
         nbformat.write(notebook, self.root / "submission" / NOTEBOOK)
-        run = self.run(["/autograder/run_autograder"], path_prefix)
+        run = self.run(["/autograder/run_autograder"], path_prefix, docker=docker)
         raw = (self.root / "results" / "results.json").read_bytes()
         return run, json.loads(raw), raw
 
@@ -350,6 +381,40 @@ def test_gradescope_refuses_to_grade_where_bubblewrap_cannot_start(autograder):
     time.sleep(3)
     # The learner's code never ran: nothing it would have written (now or later, from a forked process).
     assert not _files_with(MARKER, autograder.root)
+
+
+@needs_bwrap
+@needs_root
+def test_gradescope_grades_with_dockers_default_capabilities(autograder):
+    """Issue 42: as root without CAP_SYS_ADMIN (Docker's default capabilities) the grader's root sandbox
+    cannot start; it now makes a user namespace instead (with --disable-userns and the seccomp filter),
+    where before run_autograder exited 3 with 0 points. (The container's /proc is unmasked, as with
+    ``docker run --security-opt systempaths=unconfined``: under a masked /proc no new procfs can be mounted
+    in a user namespace, and the grader refuses, as the next test shows.)"""
+    run, results, _ = autograder.submit(nbformat.read(SOLUTION, as_version=4), docker="caps")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    _check_format(results)
+    assert results["score"] == get_exercise(EXERCISE).max_score, results["output"]
+    assert "UNISOLATED" not in json.dumps(results)
+    # The learner's processes still die with the sandbox (its PID namespace and memory cgroup), although as
+    # root in a user namespace they have no uid of their own for kill_sandbox_processes to sweep.
+    attack, results, raw = autograder.submit(_hostile(nbformat.read(SOLUTION, as_version=4)), docker="caps")
+    assert attack.returncode == 0 and results["score"] == get_exercise(EXERCISE).max_score, attack.stderr[-2000:]
+    time.sleep(4)
+    assert (autograder.root / "results" / "results.json").read_bytes() == raw
+    assert not _files_with(MARKER, autograder.root)
+
+
+@needs_bwrap
+@needs_root
+def test_gradescope_refusal_under_dockers_seccomp_names_its_own_options(autograder):
+    """With Docker's default seccomp profile (no new namespaces without CAP_SYS_ADMIN) no sandbox can start:
+    the refusal the learner sees names this command's options (--isolation none), not the CLI's."""
+    run, results, _ = autograder.submit(nbformat.read(SOLUTION, as_version=4), docker="seccomp")
+    assert run.returncode == REFUSED_EXIT, run.stdout[-2000:] + run.stderr[-2000:]
+    assert results["score"] == 0 and results["tests"] == []
+    assert "--isolation none" in results["output"] and "seccomp" in results["output"], results["output"]
+    assert "--no-sandbox" not in results["output"] and "make grader-deps" not in results["output"]
 
 
 @needs_bwrap

@@ -8,6 +8,7 @@ including parts checked before the learner's code killed its process.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -320,3 +321,69 @@ def test_a_dead_graders_sandbox_folders_are_swept_and_live_ones_kept(tmp_path):
     assert sweep_leftovers(tmp_path) == [folders["dead"]]
     assert not folders["dead"].exists()
     assert folders["live"].exists() and folders["fresh"].exists() and unrelated.exists()
+
+
+# --- issue 42: no user namespace inside, as root too ------------------------------------------------------
+USER_NAMESPACE_CELL = """
+import ctypes, os, subprocess
+def hard_attention_weights(scores):
+    libc = ctypes.CDLL(None, use_errno=True)
+    direct = libc.unshare(0x10000000)  # CLONE_NEWUSER
+    forked = subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode
+    return torch.tensor([float(direct), float(forked), float(os.getuid())])
+"""
+
+
+def _user_namespace_attempt() -> list[float]:
+    """What the cell above gets in a real worker sandbox, with the run-time guard left out (``allowed=None``):
+    the issue's learner switched the guard off by writing memory, so the sandbox must hold without it."""
+    import torch
+
+    from attention_course.grading.exercises import get_exercise
+    from attention_course.grading.launcher import close_pools
+    from attention_course.grading.sandbox import run_parts
+
+    close_pools()  # no warm sandbox started with other settings
+    exercise = get_exercise("ex02")
+    part = exercise.part("hard_attention_weights")
+    result = run_parts("ex02", exercise.preamble, [(0, part.name, USER_NAMESPACE_CELL)],
+                       [(part.name, part.make_cases(torch.Generator())[:1])], timeout=60, allowed=None)
+    close_pools()
+    assert part.name in result.outcomes, (result.failures, result.cell_errors)
+    outcome = result.outcomes[part.name][0]
+    assert outcome["status"] == "ok", outcome
+    return outcome["value"].tolist()
+
+
+def test_no_user_namespace_inside_the_sandbox(monkeypatch):
+    """Issue 42: as root the sandbox had no user namespace of its own and no --disable-userns, so learner code
+    could make one (root and every capability inside it). A seccomp filter now refuses unshare and clone
+    with CLONE_NEWUSER (and setns, clone3, other ABIs) in every sandbox. The control, without the filter,
+    shows what the test would see on the old code as root."""
+    from attention_course.grading import isolation, launcher
+
+    if isolation.bwrap_path() is None:
+        pytest.skip("bubblewrap is not installed (make grader-deps installs it)")
+    direct, forked, uid = _user_namespace_attempt()
+    assert direct == -1 and forked != 0, (direct, forked)
+    assert uid != 0  # the worker runs as a uid of its own (root mode) or as the instructor (user namespace)
+    if os.geteuid() == 0 and isolation.sandbox_mode() == "root":
+        monkeypatch.setattr(launcher, "seccomp_fd", lambda: None)
+        direct, _, _ = _user_namespace_attempt()
+        assert direct == 0, "the control: without the filter, root's sandbox lets unshare(CLONE_NEWUSER) through"
+
+
+def test_the_seccomp_program_is_well_formed():
+    """Classic BPF: 8 bytes per instruction, every jump inside the program, every path ends in a return."""
+    import struct
+
+    from attention_course.grading.isolation import userns_filter
+
+    program = userns_filter()
+    if program is None:
+        pytest.skip("no filter for this architecture")
+    instructions = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    for index, (code, true, false, _) in enumerate(instructions):
+        if code & 0x07 == 0x05:  # a jump
+            assert index + 1 + max(true, false) < len(instructions)
+    assert instructions[-1][0] == 0x06

@@ -1,11 +1,12 @@
-"""Correct answers stay well inside every tolerance, whatever the random cases.
+"""Correct answers pass every part, and stay well inside every tolerance, whatever the random cases.
 
 Every check draws fresh random cases, so a tolerance that a correct float32 answer only just meets fails a
 correct learner by chance on some draws: it happened in CI, where the bug hunt's reference LayerNorm lost its
 point on one draw (inputs of 5 with a spread of 0.01 magnify float32 rounding 700 times), and ex11's tiled
 attention failed one draw in 60 (scores in the hundreds). Here every solution is checked on many seeds while
 every comparison it passes is recorded with how much of its tolerance it used; more than half is a tolerance
-that a different draw or processor can break. (The mutants test checks the other side: wrong answers fail.)
+that a different draw or processor can break. The same sweep checks each seed's report: every part passed,
+no case failed, full marks in the progress line. (The mutants test checks the other side: wrong answers fail.)
 """
 
 from __future__ import annotations
@@ -74,8 +75,13 @@ def test_solutions_pass_with_room_to_spare(path, monkeypatch):
             for part in exercise.parts:
                 with redirect_stdout(io.StringIO()) as text:
                     checker.check(part.name, namespace[part.function])
-                if not checker.passed(part.name):
-                    failed.append(f"seed {seed}: {text.getvalue()}")
+                report = text.getvalue()
+                if not checker.passed(part.name) or "FAIL" in report or "Passed: all" not in report:
+                    failed.append(f"seed {seed}: {report}")
+            # The report after the last part: every part passed, full marks.
+            progress = f"Progress: {len(exercise.parts)} of {len(exercise.parts)} parts passed, {exercise.max_score} of "
+            if f"{progress}{exercise.max_score}" not in report:
+                failed.append(f"seed {seed}, progress line: {report}")
     finally:
         for part in exercise.parts:
             object.__setattr__(part, "verify", originals[part.name])

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from attention_course.grading import authoring
+from tests.book import registry
 from tests.notebooks.notebook_files import ALL_NOTEBOOKS, LESSONS, ROOT, SOLUTIONS, read, relative
 
 SETUP_LINES = (
@@ -123,7 +124,39 @@ def test_code_lines_fit_the_column(path):
     )
 
 
-def test_toc_lists_exactly_the_notebooks_that_exist():
+def test_registry_lists_exactly_the_notebooks_that_exist():
+    """course.toml names every lesson and exercise solution, and nothing that does not exist."""
+    course = registry.load(ROOT)
+    listed = [lesson.file for lesson in course.lessons] + list(course.exercises) + list(course.reference)
+    duplicated = sorted({entry for entry in listed if listed.count(entry) > 1})
+    assert not duplicated, f"course.toml lists {duplicated} more than once"
+    for path in LESSONS + SOLUTIONS:
+        stem = relative(path).removesuffix(".ipynb")
+        assert stem in listed, f"{relative(path)} exists but course.toml does not list it (see README: Adding a lesson)"
+    for entry in listed:
+        assert registry.notebook_or_page(ROOT, entry), f"course.toml lists {entry}, which does not exist"
+    numbers = [lesson.number for lesson in course.lessons]
+    assert len(set(numbers)) == len(numbers), f"course.toml gives two lessons the same number: {numbers}"
+
+
+@pytest.mark.parametrize("lesson", [lesson for lesson in registry.load(ROOT).lessons if lesson.exercise],
+                         ids=lambda lesson: lesson.stem)
+def test_lesson_links_the_exercise_the_registry_gives_it(lesson):
+    """The lesson's closing link and the chapter map's point at the same exercise."""
+    notebook = read(ROOT / f"{lesson.file}.ipynb")
+    markdown = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+    assert lesson.exercise in markdown, f"{lesson.file} does not link its exercise {lesson.exercise} (course.toml)"
+
+
+@pytest.mark.parametrize("path", sorted(registry.generated_files(ROOT)), ids=relative)
+def test_generated_parts_are_up_to_date_with_the_registry(path):
+    assert path.read_text(encoding="utf-8") == registry.generated_files(ROOT)[path], (
+        f"{relative(path)} is out of date with course.toml: run {registry.COMMAND}"
+    )
+
+
+def test_toc_is_what_the_book_reads():
+    """_toc.yml, written from course.toml, lists the root page and every lesson and solution."""
     import yaml
 
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
@@ -131,8 +164,25 @@ def test_toc_lists_exactly_the_notebooks_that_exist():
     for part in toc["parts"]:
         listed.update(chapter["file"] for chapter in part["chapters"])
     for path in LESSONS + SOLUTIONS:
-        stem = relative(path).removesuffix(".ipynb")
-        assert stem in listed, f"{relative(path)} exists but is not in _toc.yml"
-    for entry in listed:
-        candidates = [ROOT / f"{entry}.ipynb", ROOT / f"{entry}.md"]
-        assert any(candidate.exists() for candidate in candidates), f"_toc.yml lists {entry}, which does not exist"
+        assert relative(path).removesuffix(".ipynb") in listed, f"{relative(path)} is not in _toc.yml"
+
+
+DEEP_IMPORT = re.compile(r"^\s*(from\s+attention_course[\w.]*\s+import|import\s+attention_course\.)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=relative)
+def test_lesson_uses_the_library_only_through_ac(path):
+    """One face: a lesson imports ``attention_course as ac`` and nothing deeper, and every ``ac.<name>``
+    it uses exists (a helper that is not exported is shown with ``ac.show("module.name")``)."""
+    import attention_course
+
+    code = "\n".join(cell.source for cell in read(path).cells if cell.cell_type == "code")
+    deep = [match.group(0).strip() for match in DEEP_IMPORT.finditer(code)]
+    assert not deep, f"{relative(path)} imports from inside the library: {deep}; use ac.<name>"
+    for chain in sorted(set(re.findall(r"(?<![\w.])ac((?:\.[A-Za-z_]\w*)+)", code))):
+        obj = attention_course
+        for attribute in chain.lstrip(".").split("."):
+            assert hasattr(obj, attribute), f"{relative(path)} uses ac{chain}, which the library does not have"
+            obj = getattr(obj, attribute)
+            if not isinstance(obj, type(attention_course)):
+                break  # ac.<name>.<method>: the name exists; what follows is the object's business

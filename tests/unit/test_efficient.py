@@ -1,4 +1,4 @@
-"""Tests of attention_course.efficient: cost model, peak-memory measurement, online softmax, tiled attention,
+"""Tests of making attention fast (cost, tiled, kv_cache, incremental): cost model, peak-memory measurement, online softmax, tiled attention,
 KV cache and cached greedy decoding."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import attention_course as ac
-from attention_course.decoding import greedy_decode
-from attention_course.efficient import (
+from attention_course import (
     DecodingCache,
     KVCache,
     cached_greedy_decode,
@@ -27,6 +26,7 @@ from attention_course.efficient import (
     tiled_attention,
     tiled_attention_step,
 )
+from attention_course.decoding import greedy_decode
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 
@@ -117,7 +117,7 @@ def test_measure_peak_memory_counts_no_cuda_library_workspace(monkeypatch):
 
     script = (
         "import torch, attention_course as ac\n"
-        "from attention_course.efficient import measure_peak_memory\n"
+        "from attention_course import measure_peak_memory\n"
         "peaks = []\n"
         "for n in (512, 1024):\n"
         "    q = torch.randn(1, 1, n, 64, device='cuda')\n"
@@ -399,7 +399,7 @@ def test_cached_greedy_decode_rejects_bad_input():
     model = _model(False)
     with pytest.raises(ValueError, match=r"src must be a \(batch, length\) tensor"):
         cached_greedy_decode(model, torch.zeros(5, dtype=torch.long), 4, 1, 2)
-    with pytest.raises(ValueError, match="max_len must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="max_len must be at least 1, got 0"):
         cached_greedy_decode(model, torch.zeros(1, 5, dtype=torch.long), 0, 1, 2)
     # Bad arguments are refused exactly as greedy_decode refuses them.
     ids = torch.zeros(1, 5, dtype=torch.long)

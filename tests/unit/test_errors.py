@@ -72,7 +72,7 @@ def test_attention_rejects_bad_dropout():
 def test_multihead_rejects_indivisible_heads_and_bad_sizes():
     with pytest.raises(ValueError, match="d_model=10 is not divisible by num_heads=4"):
         MultiHeadAttention(10, 4)
-    with pytest.raises(ValueError, match="num_heads must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="num_heads must be at least 1, got 0"):
         MultiHeadAttention(8, 0)
     with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\), got -0.1"):
         MultiHeadAttention(8, 2, dropout=-0.1)
@@ -103,9 +103,9 @@ def test_multihead_from_torch_rejects_unsupported_modules():
 
 
 def test_mask_builders_reject_bad_arguments():
-    with pytest.raises(ValueError, match="size must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="size must be at least 1, got 0"):
         causal_mask(0)
-    with pytest.raises(ValueError, match="got 2.0"):
+    with pytest.raises(TypeError, match="size must be an int, got float 2.0"):
         causal_mask(2.0)
     with pytest.raises(ValueError, match=r"shape \(batch, length\), got shape \(4,\)"):
         padding_mask(torch.tensor([1, 2, 0, 0]), 0)
@@ -120,7 +120,7 @@ def test_mask_builders_reject_bad_arguments():
 def test_positional_encodings_reject_bad_arguments():
     with pytest.raises(ValueError, match="d_model must be even.*d_model=7"):
         sinusoidal_positional_encoding(10, 7)
-    with pytest.raises(ValueError, match="num_positions must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="num_positions must be at least 1, got -1"):
         sinusoidal_positional_encoding(-1, 8)
     with pytest.raises(ValueError, match="d_model must be even.*d_model=5"):
         PositionalEncoding(5)
@@ -145,7 +145,7 @@ def test_normalization_rejects_bad_arguments():
         LayerNorm(8, eps=0)
     with pytest.raises(ValueError, match=r"shape \(\.\.\., 8\), got \(2, 6\)"):
         LayerNorm(8)(torch.randn(2, 6))
-    with pytest.raises(ValueError, match="d_ff must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="d_ff must be at least 1, got 0"):
         PositionwiseFeedForward(8, 0)
 
 
@@ -161,7 +161,7 @@ def test_transformer_rejects_tying_different_vocabularies():
         Transformer(100, 120, d_model=8, num_heads=2, d_ff=16, tie_embeddings=True)
     with pytest.raises(ValueError, match="vocab_size=100 and tgt_vocab_size=120"):
         transformer_parameter_count(100, 8, 16, 2, tgt_vocab_size=120)
-    with pytest.raises(ValueError, match="num_encoder_layers must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="num_encoder_layers must be at least 1, got 0"):
         Transformer(10, 10, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=0)
 
 

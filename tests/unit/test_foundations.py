@@ -92,6 +92,19 @@ def test_show_renders_the_source_as_highlighted_html_and_text():
     assert "return gpu if on_gpu(device) else cpu" in repr(shown)
 
 
+def test_show_finds_a_helper_by_its_path_inside_the_package():
+    # A lesson shows a helper that is not exported without importing from inside the library.
+    shown = repr(ac.show("tiled._tiled_backward"))
+    assert shown.startswith("# attention_course.tiled._tiled_backward") and "def _tiled_backward(" in shown
+    assert repr(ac.show("runtime.workload")) == repr(ac.show(ac.workload))
+    with pytest.raises(ValueError, match="has no module 'nope'"):
+        ac.show("nope.workload")
+    with pytest.raises(ValueError, match="attention_course.runtime has no 'nope'"):
+        ac.show("runtime.nope")
+    with pytest.raises(ValueError, match="'module.name'"):
+        ac.show("workload")
+
+
 def test_show_refuses_objects_without_source():
     with pytest.raises(TypeError, match="cannot show the source"):
         ac.show(3)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_course as ac
-from attention_course.efficient import measure_peak_memory
+from attention_course.cost import measure_peak_memory
 
 
 def _qkv(g, q_heads, kv_heads, q_len=6, k_len=9, d=8, d_v=5, batch=2):
@@ -72,7 +72,7 @@ def test_grouped_query_attention_rejects_bad_shapes():
 
 def test_multihead_with_kv_heads_has_smaller_projections_and_equals_torch():
     torch.manual_seed(0)
-    attention = ac.MultiHeadAttention(32, 8, num_kv_heads=2).double().eval()
+    attention = ac.MultiHeadAttention(32, 8, config=ac.ModelConfig(num_kv_heads=2)).double().eval()
     assert attention.w_k.weight.shape == (8, 32) and attention.w_v.weight.shape == (8, 32)
     x = torch.randn(2, 5, 32, dtype=torch.float64)
     output, weights = attention(x, x, x, mask=ac.causal_mask(5))
@@ -81,7 +81,7 @@ def test_multihead_with_kv_heads_has_smaller_projections_and_equals_torch():
     torch.testing.assert_close(output, attention.w_o(attention.merge_heads(expected)))
     assert weights.shape == (2, 8, 5, 5)
     with pytest.raises(ValueError, match="num_heads=8 is not divisible by num_kv_heads=3"):
-        ac.MultiHeadAttention(32, 8, num_kv_heads=3)
+        ac.MultiHeadAttention(32, 8, config=ac.ModelConfig(num_kv_heads=3))
 
 
 # --- sliding window and rolling cache -----------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_sliding_window_mask_definition():
             assert bool(mask[i, j]) == (0 <= i - j < 3)
     assert torch.equal(ac.sliding_window_mask(5, 5), ac.causal_mask(5))
     assert torch.equal(ac.sliding_window_mask(5, 1), torch.eye(5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="window must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="window must be at least 1, got 0"):
         ac.sliding_window_mask(5, 0)
 
 
@@ -100,7 +100,9 @@ def test_sliding_window_mask_definition():
 @pytest.mark.parametrize(("window", "kv_heads"), [(None, 4), (3, 4), (4, 1)])
 def test_cached_attention_in_pieces_equals_full_attention(positions, window, kv_heads):
     torch.manual_seed(0)
-    attention = ac.MultiHeadAttention(16, 4, num_kv_heads=kv_heads, positions=positions).double().eval()
+    attention = ac.MultiHeadAttention(
+        16, 4, config=ac.ModelConfig(num_kv_heads=kv_heads, positions=positions)
+    ).double().eval()
     x = torch.randn(2, 11, 16, dtype=torch.float64)
     mask = ac.causal_mask(11) if window is None else ac.sliding_window_mask(11, window)
     expected, _ = attention(x, x, x, mask=mask)
@@ -116,7 +118,8 @@ def test_cached_attention_in_pieces_equals_full_attention(positions, window, kv_
 
 def test_encoder_layer_cache_for_a_decoder_only_stack():
     torch.manual_seed(2)
-    layer = ac.EncoderLayer(16, 4, 32, dropout=0.0, norm_first=True, num_kv_heads=2, positions="rotary").double()
+    layer = ac.EncoderLayer(16, 4, 32, dropout=0.0, norm_first=True,
+                             config=ac.ModelConfig(num_kv_heads=2, positions="rotary")).double()
     x = torch.randn(1, 6, 16, dtype=torch.float64)
     expected = layer(x, ac.causal_mask(6))
     cache = ac.KVCache()
@@ -150,7 +153,7 @@ def test_multihead_cache_rejects_cross_attention():
 
 
 def test_kv_cache_bytes_of_gqa_attention_matches_its_cache():
-    attention = ac.MultiHeadAttention(64, 8, num_kv_heads=2).eval()
+    attention = ac.MultiHeadAttention(64, 8, config=ac.ModelConfig(num_kv_heads=2)).eval()
     cache = ac.KVCache()
     with torch.no_grad():
         attention(*(torch.randn(3, 10, 64),) * 3, cache=cache)

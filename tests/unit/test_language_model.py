@@ -123,7 +123,7 @@ def test_bad_inputs():
 
 
 def test_grouped_query_options_pass_through_to_attention():
-    model = _model(num_kv_heads=1)
+    model = _model(config=ac.ModelConfig(num_kv_heads=1))
     assert model.blocks[0].self_attention.num_kv_heads == 1
     tokens = torch.randint(0, 23, (2, 8))
     with torch.no_grad():

@@ -48,24 +48,42 @@ def test_config_defaults_build_todays_modules():
     assert isinstance(new.blocks[0].feed_forward, ac.PositionwiseFeedForward)
 
 
-def test_attention_kwargs_and_num_kv_heads_fold_into_the_config():
-    block = ac.DecoderOnlyBlock(16, 4, 32, attention_kwargs={"num_kv_heads": 2, "positions": "rotary"})
-    assert block.config.num_kv_heads == 2 and block.config.positions == "rotary"
+def test_attention_options_reach_the_attention_through_the_config():
+    block = ac.DecoderOnlyBlock(16, 4, 32, config=ac.ModelConfig(num_kv_heads=2, positions="rotary"))
     assert block.self_attention.num_kv_heads == 2 and block.self_attention.positions == "rotary"
-    model = ac.DecoderOnlyLM(11, d_model=16, num_heads=4, num_layers=1, num_kv_heads=1)
+    model = ac.DecoderOnlyLM(11, d_model=16, num_heads=4, num_layers=1, config=ac.ModelConfig(num_kv_heads=1))
     assert model.config.num_kv_heads == 1 and model.blocks[0].self_attention.w_k.out_features == 4
 
 
-def test_conflicting_argument_and_config_is_an_error():
-    with pytest.raises(ValueError, match="num_kv_heads"):
-        ac.MultiHeadAttention(16, 4, num_kv_heads=2, config=ac.ModelConfig(num_kv_heads=1))
-    with pytest.raises(ValueError, match="positions"):
-        ac.DecoderOnlyBlock(16, 4, 32, attention_kwargs={"positions": "alibi"},
-                            config=ac.ModelConfig(positions="rotary"))
-    with pytest.raises(TypeError, match="unknown attention_kwargs"):
-        ac.DecoderOnlyBlock(16, 4, 32, attention_kwargs={"heads": 2})
-    # The same value in both places is no conflict.
-    assert ac.MultiHeadAttention(16, 4, num_kv_heads=2, config=ac.ModelConfig(num_kv_heads=2)).num_kv_heads == 2
+@pytest.mark.parametrize(("module", "keyword"), [
+    (lambda **kw: ac.MultiHeadAttention(16, 4, **kw), "positions"),
+    (lambda **kw: ac.MultiHeadAttention(16, 4, **kw), "rotary_base"),
+    (lambda **kw: ac.EncoderLayer(16, 4, 32, **kw), "num_kv_heads"),
+    (lambda **kw: ac.DecoderLayer(16, 4, 32, **kw), "positions"),
+    (lambda **kw: ac.DecoderOnlyBlock(16, 4, 32, **kw), "attention_kwargs"),
+    (lambda **kw: ac.DecoderOnlyLM(11, d_model=16, num_heads=4, **kw), "num_kv_heads"),
+])
+def test_options_of_the_config_have_no_second_keyword(module, keyword):
+    # One way to say it: ModelConfig. The keywords it replaced are gone, not kept side by side.
+    with pytest.raises(TypeError, match=keyword):
+        module(**{keyword: 2})
+
+
+def test_the_contract_keywords_of_multi_head_attention_fold_into_its_config():
+    # COURSE.md's public signature names bias= and num_kv_heads= on MultiHeadAttention; they are shorthands
+    # for the config, and one given both ways, differently, is refused rather than silently chosen.
+    layer = ac.MultiHeadAttention(16, 4, bias=False, num_kv_heads=2)
+    assert layer.config == ac.ModelConfig(bias=False, num_kv_heads=2)
+    assert layer.w_q.bias is None and layer.w_k.out_features == 8
+    same = ac.MultiHeadAttention(16, 4, num_kv_heads=2, config=ac.ModelConfig(num_kv_heads=2))
+    assert same.num_kv_heads == 2
+    with pytest.raises(ValueError, match="num_kv_heads=1 was given both"):
+        ac.MultiHeadAttention(16, 4, num_kv_heads=1, config=ac.ModelConfig(num_kv_heads=2))
+
+
+def test_config_must_be_a_model_config():
+    with pytest.raises(TypeError, match="config must be an attention_course.ModelConfig, got dict"):
+        ac.MultiHeadAttention(16, 4, config={"num_kv_heads": 2})
 
 
 @pytest.mark.parametrize("bad, error", [
@@ -77,7 +95,7 @@ def test_config_refuses_bad_values(bad, error):
     with pytest.raises(error):
         ac.ModelConfig(**bad)
     with pytest.raises(TypeError, match="ModelConfig"):
-        resolve_config({"norm": "rmsnorm"}, "owner")
+        resolve_config({"norm": "rmsnorm"})
 
 
 def test_config_reaches_the_stacks_and_the_transformer():

@@ -92,7 +92,7 @@ def test_alibi_rejects_bad_input():
 @pytest.mark.parametrize("positions", [None, "rotary", "alibi"])
 def test_attention_with_positions_equals_manual_computation(positions):
     torch.manual_seed(0)
-    attention = ac.MultiHeadAttention(16, 4, positions=positions).double().eval()
+    attention = ac.MultiHeadAttention(16, 4, config=ac.ModelConfig(positions=positions)).double().eval()
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     output, weights = attention(x, x, x, mask=ac.causal_mask(7))
     q = attention.split_heads(attention.w_q(x))
@@ -112,7 +112,7 @@ def test_rotary_attention_is_shift_invariant_alibi_too():
     torch.manual_seed(1)
     x = torch.randn(1, 9, 16, dtype=torch.float64)
     for positions in ("rotary", "alibi"):
-        attention = ac.MultiHeadAttention(16, 2, positions=positions).double().eval()
+        attention = ac.MultiHeadAttention(16, 2, config=ac.ModelConfig(positions=positions)).double().eval()
         keys, values = attention.project_kv(x, x, torch.arange(9) + 40)
         shifted, _ = attention.attend(x, keys, values, query_positions=torch.arange(9) + 40,
                                       key_positions=torch.arange(9) + 40)
@@ -121,6 +121,6 @@ def test_rotary_attention_is_shift_invariant_alibi_too():
 
 def test_multihead_rejects_unknown_positions_and_odd_rotary_heads():
     with pytest.raises(ValueError, match="positions must be one of"):
-        ac.MultiHeadAttention(16, 4, positions="learned")
+        ac.MultiHeadAttention(16, 4, config=ac.ModelConfig(positions="learned"))
     with pytest.raises(ValueError, match="even d_head"):
-        ac.MultiHeadAttention(12, 4, positions="rotary")
+        ac.MultiHeadAttention(12, 4, config=ac.ModelConfig(positions="rotary"))

@@ -59,11 +59,16 @@ def test_same_generator_same_samples():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"temperature": -0.1}, "temperature"), ({"top_k": 0}, "top_k"), ({"top_p": 0.0}, "top_p"),
-     ({"top_p": 1.5}, "top_p"), ({"top_k": 2.5}, "top_k"), ({"temperature": math.nan}, "temperature")],
+     ({"top_p": 1.5}, "top_p"), ({"temperature": math.nan}, "temperature")],
 )
 def test_bad_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ac.sample_next_token(torch.randn(3, 4), **kwargs)
+
+
+def test_a_top_k_that_is_not_an_int_is_a_type_error():
+    with pytest.raises(TypeError, match="top_k must be an int, got float 2.5"):
+        ac.sample_next_token(torch.randn(3, 4), top_k=2.5)
 
 
 def test_non_floating_logits_raise():

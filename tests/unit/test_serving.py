@@ -110,8 +110,8 @@ def test_fork_shares_blocks_and_copies_on_write():
 
 
 # --- the model through the paged cache -----------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs", [{}, {"num_kv_heads": 2}, {"positions": "none",
-                                                              "attention_kwargs": {"positions": "rotary"}}])
+@pytest.mark.parametrize("kwargs", [{}, {"config": ac.ModelConfig(num_kv_heads=2)},
+                                    {"positions": "none", "config": ac.ModelConfig(positions="rotary")}])
 def test_paged_generation_equals_contiguous_cache(kwargs):
     model = _model(**kwargs)
     prompt = torch.randint(0, 40, (7,), generator=torch.Generator().manual_seed(2))

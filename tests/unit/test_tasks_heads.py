@@ -64,15 +64,16 @@ def test_token_labels_mark_the_marked_digit():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"batch_size": 0, "length": 5}, "batch_size"),
-        ({"batch_size": 2, "length": 1}, "length"),
-        ({"batch_size": 2, "length": 5, "num_digits": 1}, "num_digits"),
-        ({"batch_size": 2.0, "length": 5}, "batch_size"),
-        ({"batch_size": True, "length": 5}, "batch_size"),
+        ({"batch_size": 0, "length": 5}, ValueError, "batch_size must be at least 1"),
+        ({"batch_size": 2, "length": 1}, ValueError, "length"),
+        ({"batch_size": 2, "length": 5, "num_digits": 1}, ValueError, "num_digits"),
+        # A value of the wrong type is a TypeError (attention_course.checks.check_int).
+        ({"batch_size": 2.0, "length": 5}, TypeError, "batch_size must be an int, got float"),
+        ({"batch_size": True, "length": 5}, TypeError, "batch_size must be an int, got bool"),
     ],
 )
-def test_bad_arguments_raise(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_arguments_raise(kwargs, error, match):
+    with pytest.raises(error, match=match):
         previous_plus_marked(**kwargs)

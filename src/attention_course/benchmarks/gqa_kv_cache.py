@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from attention_course.config import ModelConfig
 from attention_course.cost import kv_cache_bytes
 from attention_course.kv_cache import KVCache
 from attention_course.layers import EncoderLayer
@@ -30,8 +31,9 @@ def run() -> dict:
         prompt = torch.randn(CONFIG["batch"], CONFIG["length"], CONFIG["d_model"], generator=generator)
         for name, kv_heads in VARIANTS.items():
             torch.manual_seed(0)
+            config = ModelConfig(num_kv_heads=kv_heads)
             layers = [EncoderLayer(CONFIG["d_model"], CONFIG["num_heads"], CONFIG["d_ff"], dropout=0.0,
-                                   norm_first=True, num_kv_heads=kv_heads).eval() for _ in range(CONFIG["layers"])]
+                                   norm_first=True, config=config).eval() for _ in range(CONFIG["layers"])]
             caches = [KVCache() for _ in layers]
             with torch.no_grad():
                 x = prompt

@@ -2,7 +2,7 @@
 
 The same randomly initialised encoder–decoder :class:`~attention_course.Transformer` (weights do not change
 the amount of work, and equality of the two outputs is what is checked) generates ``tokens`` new tokens for a
-batch of random sources, once with :func:`~attention_course.efficient.cached_greedy_decode` and once with
+batch of random sources, once with :func:`~attention_course.incremental.cached_greedy_decode` and once with
 :func:`~attention_course.decoding.greedy_decode`, which re-runs the decoder on the full prefix at every step.
 The end token lies outside the vocabulary, so both generate exactly ``tokens`` tokens. Both must produce the
 same tokens; the figure is the ratio of their times (median of alternating repetitions).
@@ -20,7 +20,7 @@ import time
 import torch
 
 from attention_course.decoding import greedy_decode
-from attention_course.efficient import cached_greedy_decode
+from attention_course.incremental import cached_greedy_decode
 from attention_course.transformer import Transformer
 
 CONFIG = {"batch": 4, "source_length": 32, "tokens": 128, "vocab": 1000, "d_model": 256, "num_heads": 8,

@@ -1,14 +1,25 @@
-"""Serving figures (chapter 17): paged versus contiguous cache memory, continuous versus static batching,
-speculative decoding's acceptance rate and speed-up.
+"""Serving figures (chapter 17) on the course model: throughput against memory, attention read in place,
+prefix caching and speculative decoding.
 
-A target model of chapter 13's shape and a small draft are trained briefly on the standard library's text
-(byte-level BPE, 256 tokens). A trace of requests with exponential inter-arrival gaps and uniformly drawn
-prompt and output lengths is served twice: by :func:`~attention_course.serve_continuous` on a
-:class:`~attention_course.PagedKVCache` and by :func:`~attention_course.serve_static`. Memory compares, over
-the continuous run's steps, the slots the paged blocks take and the slots a contiguous cache reserving
-``max_len`` per request would take, with the positions really held. Speculative decoding runs
-:func:`~attention_course.speculative_generate` at temperature 1 for each draft length; its speed-up is the
-processor time of decoding the same prompts with the target alone divided by its own.
+Target: the shipped course model (:func:`~attention_course.load_course_model`; 4 layers, 6 query heads sharing
+2 key/value heads, context 256). Requests are windows of the held-out standard-library text (the model's
+evaluation split): prompt lengths uniform in ``prompt_lengths``, output lengths uniform in ``output_lengths``
+(the scheduler under test does not see them: a request stops when it has its tokens, as at an end token),
+arrivals with exponential gaps. All runs are greedy, and every schedule's outputs are checked equal.
+
+- ``throughput``: for each KV-cache budget (positions of keys and values, all layers), four schedules:
+  static batching reserving ``max_len`` per request (a contiguous cache with no knowledge of lengths), static
+  batching reserving the longest request the trace allows (the best a contiguous cache can do), the oracle
+  scheduler that admits by true output lengths (a baseline no server has), and the preemptive paged scheduler
+  (:func:`~attention_course.serve_preemptive`). Tokens per second (wall clock, one thread), steps, TTFT and
+  TPOT (median, p90), preemptions and the peak blocks in use.
+- ``attention``: one decoding step of a batch, gathering each sequence's keys into a padded tensor versus
+  reading the blocks in place (:func:`~attention_course.paged_attention`), best of repeats.
+- ``prefix_cache``: a trace whose prompts share a system prompt, served with and without
+  :class:`~attention_course.PrefixCache`.
+- ``speculative``: acceptance, tokens per target call and processor-time speed-up against the target alone,
+  for an n-gram draft (:class:`~attention_course.NGramDraft`) and truncated copies of the target
+  (:func:`~attention_course.truncated_draft`), at temperatures 0 and 1.
 """
 
 from __future__ import annotations
@@ -17,26 +28,24 @@ import time
 
 import torch
 
-from attention_course.language_model import DecoderOnlyLM, train_language_model
-from attention_course.serving import PagedKVCache, Request, serve_continuous, serve_static, speculative_generate
-from attention_course.tasks.stdlib_text import load_stdlib_corpus
-from attention_course.tokenization import BPETokenizer
+from attention_course.course_model import course_corpus, encode_files, evaluation_text, load_course_model
+from attention_course.serving import PagedKVCache, Request, paged_forward, serve_continuous, speculative_generate
+from attention_course.serving_draft import NGramDraft, truncated_draft
+from attention_course.serving_scheduler import PrefixCache, percentile, serve_preemptive, serve_reserved
 
 CONFIG = {
-    "target": {"d_model": 48, "num_heads": 4, "num_layers": 2}, "target_steps": 400,
-    "draft": {"d_model": 16, "num_heads": 2, "num_layers": 1}, "draft_steps": 300,
-    "train_context": 32, "max_len": 160, "vocab": 256,
-    "trace": {"requests": 32, "mean_gap_steps": 2.0, "prompt_lengths": [4, 24], "output_lengths": [4, 64],
+    "trace": {"requests": 32, "mean_gap_steps": 0.5, "prompt_lengths": [8, 48], "output_lengths": [8, 96],
               "seed": 0},
-    "max_batch": 4, "block_size": 8, "num_blocks": 64,
-    "speculative": {"prompts": 8, "prompt_length": 4, "new_tokens": 28, "draft_lengths": [1, 2, 3, 4, 6],
-                    "temperature": 1.0},
+    "block_size": 16, "budgets_positions": [512, 1024, 2048, 4096], "max_batch": 64, "watermark": 0.01,
+    "attention": {"batch": 16, "context": 192, "repeats": 5},
+    "prefix": {"requests": 16, "system_prompt": 96, "question_lengths": [8, 24], "output_length": 16},
+    "speculative": {"prompts": 8, "prompt_length": 32, "new_tokens": 64, "draft_lengths": [1, 2, 3, 4, 6],
+                    "train_chars": 3_000_000},
     "threads": 1, "device": "cpu",
 }
 
 
-def _trace(ids: torch.Tensor) -> list[Request]:
-    spec = CONFIG["trace"]
+def _trace(ids: torch.Tensor, spec: dict) -> list[Request]:
     g = torch.Generator().manual_seed(spec["seed"])
     requests, clock = [], 0.0
     for i in range(spec["requests"]):
@@ -48,76 +57,132 @@ def _trace(ids: torch.Tensor) -> list[Request]:
     return requests
 
 
-def run() -> dict:
-    """Return ``{"memory", "batching", "speculative", "config"}``."""
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(CONFIG["threads"])
-    try:
-        corpus = load_stdlib_corpus()
-        bpe = BPETokenizer([corpus.train], vocab_size=CONFIG["vocab"])
-        train_ids, valid_ids = torch.tensor(bpe.encode(corpus.train)), torch.tensor(bpe.encode(corpus.valid))
-        models = {}
-        for name in ("target", "draft"):
-            torch.manual_seed(0)
-            models[name] = DecoderOnlyLM(len(bpe), max_len=CONFIG["max_len"], **CONFIG[name])
-            train_language_model(models[name], train_ids, CONFIG[f"{name}_steps"], batch_size=32,
-                                 length=CONFIG["train_context"], lr=2e-2, warmup=40,
-                                 generator=torch.Generator().manual_seed(0))
-            models[name].eval()
-        target, draft = models["target"], models["draft"]
+def _summary(log, requests: list[Request]) -> dict:
+    ttft, tpot = list(log.ttft().values()), list(log.tpot().values())
+    return {"tokens_per_second": log.tokens_per_second(), "steps": log.steps, "seconds": log.seconds,
+            "requests_completed": len(log.finish_step),
+            "mean_batch": sum(log.batch_sizes) / max(len(log.batch_sizes), 1),
+            "ttft_median_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90),
+            "tpot_median_s": percentile(tpot, 50), "tpot_p90_s": percentile(tpot, 90),
+            "preemptions": log.preemptions}
 
-        trace = _trace(valid_ids)
-        cache = PagedKVCache.for_model(target, CONFIG["block_size"], CONFIG["num_blocks"])
-        continuous = serve_continuous(target, trace, cache, CONFIG["max_batch"], record_tables=True)
-        static = serve_static(target, trace, CONFIG["max_batch"])
-        alive = [len(t) for t in continuous.block_tables]
-        held = sum(continuous.positions_held)
-        paged_slots = sum(continuous.blocks_used) * CONFIG["block_size"]
-        contiguous_slots = sum(alive) * CONFIG["max_len"]
-        memory = {
-            "positions_held_summed_over_steps": held,
-            "paged_slots_summed_over_steps": paged_slots,
-            "contiguous_slots_summed_over_steps": contiguous_slots,
-            "paged_unused_fraction": 1 - held / paged_slots,
-            "contiguous_unused_fraction": 1 - held / contiguous_slots,
-            "peak_paged_blocks": max(continuous.blocks_used),
-        }
-        batching = {}
-        for name, log in (("static", static), ("continuous", continuous)):
-            latency = list(log.latencies(trace).values())
-            batching[name] = {"steps": log.steps, "tokens_per_step": log.tokens_per_step(),
-                              "tokens_per_second": log.tokens_per_second(),
-                              "mean_latency_steps": sum(latency) / len(latency), "max_latency_steps": max(latency)}
-        batching["throughput_ratio_steps"] = (batching["continuous"]["tokens_per_step"]
-                                              / batching["static"]["tokens_per_step"])
-        batching["throughput_ratio_seconds"] = (batching["continuous"]["tokens_per_second"]
-                                                / batching["static"]["tokens_per_second"])
 
-        spec = CONFIG["speculative"]
-        prompts = [valid_ids[300 * i : 300 * i + spec["prompt_length"]] for i in range(spec["prompts"])]
+def throughput(model, ids: torch.Tensor) -> dict:
+    trace = _trace(ids, CONFIG["trace"])
+    spec, size = CONFIG["trace"], CONFIG["block_size"]
+    largest = spec["prompt_lengths"][1] + spec["output_lengths"][1]
+    out: dict = {"largest_request": largest, "max_len": model.max_len}
+    reference = None
+    for budget in CONFIG["budgets_positions"]:
+        row: dict = {}
+        for name, reserve in (("static_reserve_max_len", model.max_len), ("static_reserve_largest", largest)):
+            if budget >= reserve:
+                log = serve_reserved(model, trace, budget, reserve, CONFIG["max_batch"])
+                row[name] = _summary(log, trace) | {"peak_positions_reserved": max(log.blocks_used)}
+                reference = reference or log.outputs
+                assert log.outputs == reference
+        for name, run in (("oracle_paged", serve_continuous), ("preemptive_paged", serve_preemptive)):
+            cache = PagedKVCache.for_model(model, size, budget // size)
+            kwargs = {"watermark": CONFIG["watermark"]} if run is serve_preemptive else {}
+            log = run(model, trace, cache, CONFIG["max_batch"], **kwargs)
+            row[name] = _summary(log, trace) | {"peak_blocks": max(log.blocks_used), "blocks": budget // size}
+            reference = reference or log.outputs
+            assert log.outputs == reference
+        out[f"budget_{budget}"] = row
+    return out
 
-        def alone() -> float:
+
+def attention_timing(model, ids: torch.Tensor) -> dict:
+    spec = CONFIG["attention"]
+    cache = PagedKVCache.for_model(model, CONFIG["block_size"], spec["batch"] * (spec["context"] // 16 + 2))
+    seq_ids = list(range(spec["batch"]))
+    with torch.no_grad():
+        for i in seq_ids:
+            cache.allocate(i)
+            length = spec["context"] - 8 * i % 64
+            paged_forward(model, cache, [i], ids[100 * i : 100 * i + length][None])
+    tokens = torch.full((spec["batch"], 1), 7)
+    results = {}
+    for mode in ("gather", "in_place"):
+        best = float("inf")
+        for _ in range(spec["repeats"]):
+            lengths = dict(cache.lengths)
+            start = time.process_time()
+            with torch.no_grad():
+                paged_forward(model, cache, seq_ids, tokens, attention=mode)
+            best = min(best, time.process_time() - start)
+            cache.lengths.update(lengths)  # the step's position is written again next time
+        results[f"{mode}_ms"] = best * 1e3
+    results["in_place_over_gather"] = results["in_place_ms"] / results["gather_ms"]
+    return results
+
+
+def prefix_caching(model, ids: torch.Tensor) -> dict:
+    spec = CONFIG["prefix"]
+    g = torch.Generator().manual_seed(1)
+    system = ids[5000 : 5000 + spec["system_prompt"]]
+    trace = []
+    for i in range(spec["requests"]):
+        n = int(torch.randint(spec["question_lengths"][0], spec["question_lengths"][1] + 1, (1,), generator=g))
+        trace.append(Request(i, i, torch.cat([system, ids[8000 + 40 * i : 8000 + 40 * i + n]]), spec["output_length"]))
+    out = {}
+    for name, use in (("without", False), ("with", True)):
+        cache = PagedKVCache.for_model(model, CONFIG["block_size"], 128)
+        prefix = PrefixCache(cache) if use else None
+        log = serve_preemptive(model, trace, cache, 16, prefix_cache=prefix)
+        out[name] = {"prefill_tokens": log.prefill_tokens, "cached_prefix_tokens": log.cached_prefix_tokens,
+                     "blocks_reused": prefix.hits if prefix else 0, "seconds": log.seconds,
+                     "ttft_median_s": percentile(list(log.ttft().values()), 50)}
+    out["prefill_tokens_skipped_share"] = 1 - out["with"]["prefill_tokens"] / out["without"]["prefill_tokens"]
+    return out
+
+
+def speculative(model, tokenizer, eval_ids: torch.Tensor) -> dict:
+    spec = CONFIG["speculative"]
+    corpus = course_corpus()
+    train = encode_files(tokenizer, [corpus.train[: spec["train_chars"]]])
+    drafts = {"ngram": NGramDraft(train, model.vocab_size, max_len=model.max_len),
+              "truncated_1_block": truncated_draft(model, 1), "truncated_2_blocks": truncated_draft(model, 2)}
+    prompts = [eval_ids[300 * i : 300 * i + spec["prompt_length"]] for i in range(spec["prompts"])]
+    out: dict = {}
+    for temperature in (0.0, 1.0):
+        def alone(temperature=temperature) -> float:
             g = torch.Generator().manual_seed(1)
             start = time.process_time()
             for p in prompts:
-                target.generate(p, spec["new_tokens"], temperature=spec["temperature"], generator=g)
+                model.generate(p, spec["new_tokens"], temperature=temperature, generator=g)
             return time.process_time() - start
 
-        alone()  # warm-up
-        base = min(alone() for _ in range(3))
-        speculative: dict = {"target_alone_seconds": base}
-        for k in spec["draft_lengths"]:
-            g = torch.Generator().manual_seed(2)
-            start = time.process_time()
-            results = [speculative_generate(target, draft, p, spec["new_tokens"], draft_length=k,
-                                            temperature=spec["temperature"], generator=g) for p in prompts]
-            seconds = time.process_time() - start
-            accepted = sum(r.accepted for r in results)
-            speculative[f"draft_length_{k}"] = {
-                "acceptance_rate": accepted / max(accepted + sum(r.rejected for r in results), 1),
-                "tokens_per_target_call": len(prompts) * spec["new_tokens"] / sum(r.target_calls for r in results),
-                "speedup": base / seconds,
-            }
+        alone()
+        base = min(alone() for _ in range(2))
+        rows: dict = {"target_alone_seconds": base}
+        for name, draft in drafts.items():
+            for k in spec["draft_lengths"]:
+                g = torch.Generator().manual_seed(2)
+                start = time.process_time()
+                results = [speculative_generate(model, draft, p, spec["new_tokens"], draft_length=k,
+                                                temperature=temperature, generator=g) for p in prompts]
+                seconds = time.process_time() - start
+                accepted = sum(r.accepted for r in results)
+                rows[f"{name}_k{k}"] = {
+                    "acceptance_rate": accepted / max(accepted + sum(r.rejected for r in results), 1),
+                    "tokens_per_target_call": len(prompts) * spec["new_tokens"] / sum(r.target_calls for r in results),
+                    "speedup": base / seconds}
+        best = max((v["speedup"], key) for key, v in rows.items() if isinstance(v, dict))
+        rows["best"] = {"speedup": best[0], "setting": best[1]}
+        out[f"temperature_{temperature:g}"] = rows
+    return out
+
+
+def run() -> dict:
+    """Return ``{"throughput", "attention", "prefix_cache", "speculative", "config"}``."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(CONFIG["threads"])
+    try:
+        model, tokenizer = load_course_model()
+        eval_ids = encode_files(tokenizer, evaluation_text(course_corpus()))
+        return {"throughput": throughput(model, eval_ids), "attention": attention_timing(model, eval_ids),
+                "prefix_cache": prefix_caching(model, eval_ids),
+                "speculative": speculative(model, tokenizer, eval_ids), "config": CONFIG}
     finally:
         torch.set_num_threads(previous_threads)
-    return {"memory": memory, "batching": batching, "speculative": speculative, "config": CONFIG}

@@ -1,9 +1,9 @@
 """Peak memory of tiled (online-softmax) attention against naive attention, and its error (CPU, float32).
 
 Naive attention is the library's :func:`~attention_course.scaled_dot_product_attention`, which materialises
-the ``(L, L)`` scores and weights; tiled attention is :func:`~attention_course.efficient.tiled_attention`,
+the ``(L, L)`` scores and weights; tiled attention is :func:`~attention_course.tiled.tiled_attention`,
 which holds one ``(block, block)`` tile at a time. Peak memory is what each call allocates at its highest
-point, net of frees, measured with PyTorch's profiler (:func:`~attention_course.efficient.measure_peak_memory`);
+point, net of frees, measured with PyTorch's profiler (:func:`~attention_course.cost.measure_peak_memory`);
 the inputs exist before the call and do not count, the output does. The error is the largest absolute
 difference from ``torch.nn.functional.scaled_dot_product_attention``.
 """
@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from attention_course.attention import scaled_dot_product_attention
-from attention_course.efficient import measure_peak_memory, tiled_attention
+from attention_course.cost import measure_peak_memory
+from attention_course.tiled import tiled_attention
 
 CONFIG = {"batch": 1, "heads": 1, "length": 4096, "d_head": 64, "block_size": 64, "dtype": "float32", "threads": 1}
 

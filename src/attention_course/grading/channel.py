@@ -2,7 +2,8 @@
 
 Each frame is a 4-byte big-endian length and that many bytes. The worker sends a JSON header frame per
 step (``{"step": "cell", "cell": 3, "part": "..."}``) and, after a ``part_done`` header, one binary frame
-with the part's outcomes (``torch.save`` bytes, loaded by the grader with ``weights_only=True``).
+with the part's outcomes (:func:`attention_course.grading.wire.encode` bytes, read by the grader with
+:func:`attention_course.grading.wire.decode`, a parser of the wire's own types only).
 
 The learner's code runs in the worker's process and can write to the pipe too, so the grader trusts
 nothing here: :class:`FrameReader` refuses a frame longer than its cap, more frames or more bytes than the

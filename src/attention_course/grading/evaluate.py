@@ -20,6 +20,7 @@ import ast
 import builtins
 import dataclasses
 import re
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from attention_course.grading.learner_text import parse
 from attention_course.grading.spec import Case, Exercise, Part
 
 __all__ = [
+    "AnalysisTimeout",
+    "CARRY_DEADLINE",
     "CHECK_CELL_EDITED",
     "CARRIED_MARK",
     "assemble",
@@ -55,25 +58,31 @@ def _parse(source: str) -> ast.Module | None:
     return parse(source)  # IPython syntax read in one bounded pass (learner_text)
 
 
-def _bound_in(tree: ast.AST) -> set[str]:
-    """Every name ``tree`` binds anywhere (assignments, defs, classes, imports, arguments, loop targets,
-    exception names, ``global``/``nonlocal`` declarations)."""
-    names: set[str] = set()
+def _names_of(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """``(loaded, bound)`` from one walk of ``tree``: the names it reads, and every name it binds anywhere
+    (assignments, defs, classes, imports, arguments, loop targets, exception names, ``global``/``nonlocal``
+    declarations)."""
+    loaded: set[str] = set()
+    bound: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
+            bound.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                names.add((alias.asname or alias.name).split(".")[0])
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, ast.arg):
-            names.add(node.arg)
+            bound.add(node.arg)
         elif isinstance(node, ast.ExceptHandler) and node.name:
-            names.add(node.name)
+            bound.add(node.name)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            names.update(node.names)
-    return names
+            bound.update(node.names)
+    return loaded, bound
+
+
+def _bound_in(tree: ast.AST) -> set[str]:
+    """Every name ``tree`` binds anywhere (:func:`_names_of`'s rules)."""
+    return _names_of(tree)[1]
 
 
 def bound_names(source: str) -> set[str]:
@@ -159,29 +168,45 @@ def check_cell_ok(source: Any, part: str, function: str, functions: Sequence[str
 
 
 # --- helpers and imports from the learner's other cells ----------------------------------------------
-def _definitions(source: str) -> list[tuple[str, str]]:
-    """``(name, statement)`` for each top-level plain function definition (no decorator) and each import
-    (one statement per name bound; no ``*``, no relative import) of a cell, in order."""
+class AnalysisTimeout(TimeoutError):
+    """The carried-definitions analysis passed its deadline (a notebook of very many helpers)."""
+
+
+#: Seconds the grader gives the analysis of one notebook's other cells (:func:`carried_definitions`).
+CARRY_DEADLINE = 5.0
+
+
+def _uses(tree: ast.AST) -> frozenset[str]:
+    """The names ``tree`` reads and does not bind itself, from one walk (:func:`_names_of`)."""
+    loaded, bound = _names_of(tree)
+    return frozenset(loaded - bound)
+
+
+def _definitions(source: str) -> list[tuple[str, ast.stmt, frozenset[str]]]:
+    """``(name, statement, uses)`` for each top-level plain function definition (no decorator) and each import
+    (one statement per name bound; no ``*``, no relative import) of a cell, in order; ``uses`` are the
+    names the statement reads and does not bind itself (read from the one parse of the cell)."""
     tree = _parse(source)
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, ast.stmt, frozenset[str]]] = []
     if tree is None:
         return found
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and not node.decorator_list:
-            found.append((node.name, ast.unparse(node)))
+            found.append((node.name, node, _uses(node)))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                found.append(((alias.asname or alias.name).split(".")[0], ast.unparse(ast.Import(names=[alias]))))
+                found.append(((alias.asname or alias.name).split(".")[0], ast.Import(names=[alias]), frozenset()))
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 if alias.name != "*":
                     statement = ast.ImportFrom(module=node.module, names=[alias], level=0)
-                    found.append((alias.asname or alias.name, ast.unparse(statement)))
+                    found.append((alias.asname or alias.name, statement, frozenset()))
     return found
 
 
 def carried_definitions(graded: Mapping[str, str], others: Sequence[str], preamble: str,
-                        functions: Sequence[str] = ()) -> dict[str, tuple[str, list[str]]]:
+                        functions: Sequence[str] = (), deadline: float | None = None) \
+        -> dict[str, tuple[str, list[str]]]:
     """What of the learner's other cells each graded cell needs: part -> ``(code, names)``, where ``code`` holds
     the top-level plain ``def``s and imports (from ``others``, the last definition of a name winning, as in a
     kernel run top to bottom) that the part's cell uses and neither the graded cells nor the preamble define,
@@ -190,31 +215,50 @@ def carried_definitions(graded: Mapping[str, str], others: Sequence[str], preamb
     The code is put at the top of the part's own graded cell (see :func:`with_carried`), so it runs under that
     part's rules: the run-time import guard and the library rule read it as the part's code. Nothing else is
     carried (no assignment, class or decorated function), and no name the check relies on (``check``,
-    ``exercise``, the exercise's ``functions``)."""
+    ``exercise``, the exercise's ``functions``).
+
+    Each cell is parsed once and each definition visited once per part: the work is linear in the size of
+    the cells (for a fixed number of parts). ``deadline`` (a ``time.monotonic()`` value): past it, between
+    two cells or two definitions, :class:`AnalysisTimeout` is raised.
+
+    Raises:
+        AnalysisTimeout: the deadline passed.
+    """
+    import time
+
+    def in_time() -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise AnalysisTimeout("the analysis of the notebook's other cells passed its deadline")
+
     defined = bound_names(preamble) | set(dir(builtins)) | {"__name__", "__file__", "get_ipython", "display"}
     for source in graded.values():
         defined |= bound_names(source)
     protected = {"check", "exercise", *functions}
-    available: dict[str, str] = {}
+    available: dict[str, tuple[ast.stmt, frozenset[str]]] = {}
     for source in others:
-        for name, statement in _definitions(source):
+        in_time()
+        for name, statement, uses in _definitions(source):
             if name not in defined and name not in protected:
-                available[name] = statement
+                available[name] = (statement, uses)  # the last definition wins
     carried: dict[str, tuple[str, list[str]]] = {}
     for part, source in graded.items():
-        wanted = sorted(loaded_names(source) - defined)
-        names: list[str] = []
+        wanted = deque(sorted(loaded_names(source) - defined))
+        names: set[str] = set()
+        steps = 0
         while wanted:
-            name = wanted.pop(0)
+            name = wanted.popleft()
             if name in names or name not in available:
                 continue
-            names.append(name)
-            statement = available[name]
-            wanted += sorted(loaded_names(statement) - bound_names(statement) - defined - set(names))
+            names.add(name)
+            steps += 1
+            if steps % 256 == 0:
+                in_time()
+            wanted.extend(sorted(available[name][1] - defined - names))
         if names:
             ordered = [name for name in available if name in names]  # notebook order
-            imports = [available[n] for n in ordered if not available[n].startswith("def ")]
-            defs = [available[n] for n in ordered if available[n].startswith("def ")]
+            texts = {name: ast.unparse(available[name][0]) for name in ordered}
+            imports = [texts[n] for n in ordered if not isinstance(available[n][0], ast.FunctionDef)]
+            defs = [texts[n] for n in ordered if isinstance(available[n][0], ast.FunctionDef)]
             carried[part] = ("\n".join([*imports, *defs]) + "\n", ordered)
     return carried
 

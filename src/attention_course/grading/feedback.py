@@ -17,8 +17,11 @@ __all__ = ["format_part", "format_progress", "format_hint", "format_overview"]
 _WIDTH = 100
 
 
-def _wrap(text: str, indent: str) -> str:
-    return textwrap.fill(text, width=_WIDTH, initial_indent=indent, subsequent_indent=indent + "      ",
+def _wrap(text: str, indent: str, subsequent: str | None = None) -> str:
+    """``text`` filled to the report's width: the first line starts with ``indent``, the others with
+    ``subsequent`` (default: ``indent`` and six spaces)."""
+    return textwrap.fill(text, width=_WIDTH, initial_indent=indent,
+                         subsequent_indent=indent + "      " if subsequent is None else subsequent,
                          break_long_words=False, break_on_hyphens=False)
 
 
@@ -43,7 +46,9 @@ def format_part(exercise: Exercise, part: Part, verdict: PartVerdict, hint: bool
                            "code in its cell, run that cell, then run this check again.", "  "))
     else:
         for case in verdict.cases:
-            lines.append(_wrap(f"PASS  {case.name}" if case.passed else f"FAIL  {case.name}: {case.message}", "  "))
+            mark = "" if case.credit else " (no credit on its own)"
+            line = f"PASS  {case.name}{mark}" if case.passed else f"FAIL  {case.name}{mark}: {case.message}"
+            lines.append(_wrap(line, "  "))
         if not verdict.cases:
             message = verdict.message
             if verdict.cause and message.startswith(verdict.cause):
@@ -55,6 +60,11 @@ def format_part(exercise: Exercise, part: Part, verdict: PartVerdict, hint: bool
                   f"Not yet: {passed} of {len(verdict.cases)} cases passed, {_points(verdict.score)} of "
                   f"{verdict.max_score} points.")
         lines.append("  " + result)
+        unpaid = sum(case.passed and not case.credit for case in verdict.cases)
+        if unpaid and not verdict.passed and not verdict.all_or_nothing:
+            which = "1 of the passed cases earns" if unpaid == 1 else f"{unpaid} of the passed cases each earn"
+            lines.append(_wrap(f"({which} nothing on its own: its input hides a known mistake (one key hides a "
+                               "missing scale, no mask a wrong mask), so wrong answers pass it too.)", "  ", "  "))
     if hint:
         lines.append(format_hint(part))
     elif not verdict.passed:
@@ -71,8 +81,8 @@ def format_hint(part: Part, level: int = 1) -> str:
     if not isinstance(level, int) or not 1 <= level <= len(tiers):
         return f"  {part.name} has hint levels 1 to {len(tiers)}: check.hint(\"{part.name}\", 1) ... "
     label = ("Hint (concept): " if len(tiers) > 1 else "Hint: ") if level == 1 else f"Hint {level} (approach): "
-    pad = " " * len(label)
-    text = "\n".join(_wrap(paragraph, "  " + label if i == 0 else "  " + pad)
+    pad = "  " + " " * len(label)  # the label once, on the first line; the text aligned under it
+    text = "\n".join(_wrap(paragraph, "  " + label if i == 0 else pad, pad)
                      for i, paragraph in enumerate(tiers[level - 1].split("\n\n")))
     if level < len(tiers):
         text += f'\n  More: check.hint("{part.name}", {level + 1})'

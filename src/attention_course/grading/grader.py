@@ -6,8 +6,10 @@ For each notebook the grader:
    20 MB), records the bytes' sha256, and grades from that snapshot (a file that is not a notebook, or a
    malformed one, gets a clear message that quotes nothing from it, and 0 points);
 2. works out the exercise (notebook metadata, else the file name, else ``exercise_id``);
-3. takes the learner's graded cells by tag and part name (outputs are ignored; a part whose check cell was
-   edited or deleted earns nothing);
+3. takes the learner's graded cells by tag and part name, one per part (the last that defines the part's
+   function, as a run from top to bottom leaves it; outputs are ignored; a part whose check cell was edited
+   or deleted earns nothing), and carries in the plain functions and imports they use from other cells
+   (an analysis linear in the notebook's size, stopped after ``CARRY_DEADLINE`` seconds);
 4. generates fresh inputs for every part, in this process;
 5. runs the preamble and graded cells and calls the learner's functions in a fresh, isolated process
    (:mod:`attention_course.grading.sandbox`: bubblewrap, no network, no submissions, solutions or grades
@@ -35,6 +37,8 @@ import nbformat
 import torch
 
 from attention_course.grading.evaluate import (
+    CARRY_DEADLINE,
+    AnalysisTimeout,
     assemble,
     carried_definitions,
     carried_note,
@@ -155,11 +159,40 @@ def _graded_cells(nb: nbformat.NotebookNode, exercise: Exercise) -> tuple[list[t
     return cells, note if cells else ""
 
 
+def _one_cell_per_part(cells: list[tuple[int, str, str]], exercise: Exercise) \
+        -> tuple[list[tuple[int, str, str]], str]:
+    """One graded cell per part, as a kernel run top to bottom leaves it: the last of the part's cells that
+    defines its function (else its last cell). A notebook that copied a graded cell many times (each copy
+    one more process to start, were they all sent) is graded like the one it would run. Returns the note
+    for the report when a part had more than one."""
+    functions = {part.name: part.function for part in exercise.parts}
+    by_part: dict[str, list[tuple[int, str, str]]] = {}
+    for cell in cells:
+        by_part.setdefault(cell[1], []).append(cell)
+    chosen: list[tuple[int, str, str]] = []
+    doubled: list[str] = []
+    for part, found in by_part.items():
+        if len(found) > 1:
+            doubled.append(part)
+            found = [cell for cell in found if functions.get(part) in defined_names(cell[2])] or found
+        chosen.append(found[-1])
+    chosen.sort(key=lambda cell: cell[0])
+    note = (f"more than one graded cell for {', '.join(doubled)}: only the last one that defines the part's "
+            "function was graded (as a run of the notebook from top to bottom leaves it)") if doubled else ""
+    return chosen, note
+
+
+#: Characters of a check cell the grader reads (a handed-out check cell is one line; a debug print or two is
+#: fine): a longer cell is not the check cell, and is not parsed.
+CHECK_CELL_LIMIT = 20_000
+
+
 def _check_cell_intact(nb: nbformat.NotebookNode, part: str, function: str, functions: Sequence[str] = ()) -> bool:
     """Whether the notebook still has the part's check cell (see :func:`evaluate.check_cell_ok`). Found by
     content, so an editor that dropped the cell tags does not matter."""
-    return any(cell.get("cell_type") == "code" and check_cell_ok(cell.get("source"), part, function, functions)
-               for cell in nb.cells)
+    return any(cell.get("cell_type") == "code" and isinstance(cell.get("source"), str)
+               and f".{part}" in cell.source and len(cell.source) <= CHECK_CELL_LIMIT  # parsed: small cells only
+               and check_cell_ok(cell.get("source"), part, function, functions) for cell in nb.cells)
 
 
 def _carry(nb: nbformat.NotebookNode, exercise: Exercise, cells: list[tuple[int, str, str]]) \
@@ -172,7 +205,13 @@ def _carry(nb: nbformat.NotebookNode, exercise: Exercise, cells: list[tuple[int,
     indices = {index for index, _, _ in cells}
     others = [cell.source for index, cell in enumerate(nb.cells)
               if index not in indices and cell.get("cell_type") == "code" and isinstance(cell.get("source"), str)]
-    carried = carried_definitions(graded, others, exercise.preamble, [part.function for part in exercise.parts])
+    try:
+        carried = carried_definitions(graded, others, exercise.preamble, [part.function for part in exercise.parts],
+                                      deadline=time.monotonic() + CARRY_DEADLINE)
+    except AnalysisTimeout:
+        return cells, (f"nothing was carried from your other cells: reading them for the helpers your graded "
+                       f"cells use took more than {CARRY_DEADLINE:g} s; keep what your graded code needs in its "
+                       "graded cell")
     return [(index, part, with_carried(source, carried.get(part))) for index, part, source in cells], \
         carried_note(carried)
 
@@ -290,8 +329,9 @@ def _grade_notebook(path: str | Path, timeout: float, seed: int | None, exercise
         return dataclasses.replace(_fail(path, mismatch, get_exercise(chosen), seed), sha256=sha256, isolated=isolated)
     exercise = get_exercise(chosen)
     cells, note = _graded_cells(nb, exercise)
+    cells, doubled = _one_cell_per_part(cells, exercise)
     cells, carried = _carry(nb, exercise, cells)
-    note = "; ".join(filter(None, [mismatch, note, carried]))
+    note = "; ".join(filter(None, [mismatch, note, doubled, carried]))
     present = {part for _, part, _ in cells}
 
     generator = torch.Generator().manual_seed(seed)

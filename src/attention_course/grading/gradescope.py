@@ -40,7 +40,7 @@ from typing import Any
 from attention_course.grading.exercises import exercise_ids
 from attention_course.grading.isolation import SandboxUnavailable
 
-__all__ = ["REFUSED_EXIT", "gradescope_results", "kill_sandbox_processes", "main", "write_bundle"]
+__all__ = ["GRADESCOPE_HINT", "REFUSED_EXIT", "gradescope_results", "kill_sandbox_processes", "main", "write_bundle"]
 
 #: Exit status of ``run`` when the learner's code cannot be isolated (as the grader's CLI).
 REFUSED_EXIT = 3
@@ -79,6 +79,13 @@ JSON
 fi
 exit "$status"
 """
+
+#: What the instructor can do when ``run`` finds no sandbox: the options of this command (not the CLI's).
+GRADESCOPE_HINT = ("for the instructor: the autograder's container must let bubblewrap make namespaces: as root "
+                   "with CAP_SYS_ADMIN, or with user namespaces allowed (Docker's default capabilities work; its "
+                   "default seccomp profile does not: see chapters/instructors.md); to try the bundle on your own "
+                   "notebooks only, `gradescope run EXERCISE SUBMISSION RESULTS --isolation none` runs them "
+                   "unisolated")
 
 _REFUSED = ("The autograder did not run your code: it runs learners' code only inside a sandbox "
             "(bubblewrap), and none could be started in this container ({why}). No points were given; "
@@ -204,10 +211,10 @@ def run(exercise_id: str, submission: Path, results_path: Path, timeout: float =
     started = time.monotonic()
     if isolation != "none":
         try:
-            check_sandbox()
+            check_sandbox(hint=GRADESCOPE_HINT)
         except SandboxUnavailable as exc:
             _write(results_path, {"score": 0, "execution_time": round(time.monotonic() - started, 2),
-                                  "output": _REFUSED.format(why=clean_text(exc, 600)), "visibility": "visible",
+                                  "output": _REFUSED.format(why=clean_text(exc, 2000)), "visibility": "visible",
                                   "stdout_visibility": "hidden", "tests": []})
             raise
     notebook = _notebook_in(submission)

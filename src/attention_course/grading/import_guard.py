@@ -1,34 +1,38 @@
-"""The library rule at run time, inside the worker: what learner code cannot reach, whatever route it takes.
+"""The library rule at run time, inside the worker: defence in depth under the source check.
 
 The source check (:func:`attention_course.grading.library_rules.library_problem`) gives the early, readable
-message; this module is what makes the rule hold when a cell builds the name at run time
+message; this module refuses, at run time, the routes a cell can build that no source check reads
 (``__import__("attention" + "_course.rotary")``, ``importlib.import_module(b"...".decode())``, a
-``sys.modules`` scan, ``gc.get_objects()``, ``pickle.loads(b"c...\\n...\\n.")``). Before the first learner
-cell runs, :func:`guard_library`:
+``sys.modules`` scan, ``gc.get_objects()``, ``pickle.loads(b"c...\\n...\\n.")``). Each worker process serves
+parts that share one allowance (the grader judges parts with different allowances in separate attempts,
+see :func:`attention_course.grading.sandbox.run_parts`), so the rule is fixed for the process: nothing in
+it says which part runs now, and no learner frame can reach a switch (ex10's ``ac.causal_mask`` is either
+the library's function, in the attempts of the parts that may call it, or a stand-in that refuses, in
+the others). Before the first learner cell runs, :func:`guard_library`:
 
 1. **prunes** the course package in this process: every module dict of ``attention_course.*`` keeps only
    the names that the code the worker still has to run needs (each part's ``run``, the classes of the
-   cases' inputs, the library names some part allows), found by following the names their code reads;
-   everything else (references, other exercises, the library modules no part may use) is deleted, so
-   nothing in this process can call it any more, even when reached by introspection;
-2. **hides** the package's public names: a name no part allows becomes a stand-in that raises
-   ``PermissionError``; a function some parts allow is wrapped in a gate that asks which part is running
-   now, so each part is checked with only its own allowances (ex10: a part that may not use
-   ``ac.causal_mask`` cannot reach it through a helper defined in a cell of a part that may);
+   cases' inputs, the library names this attempt allows), found by following the names their code reads;
+   everything else (references, other exercises, the library modules no part here may use) is deleted;
+2. **hides** the package's public names this attempt does not allow behind stand-ins that raise
+   ``PermissionError`` (classes included: ex09's ``feed_forward`` never sees ``PositionwiseFeedForward``);
 3. **scrubs** ``sys.modules`` of every ``attention_course.*`` module (the package itself stays, hidden);
 4. adds an **audit hook** (:pep:`578`; Python gives no way to remove one) that, for learner code, refuses:
-   importing ``attention_course.*``; opening any file of the package (its source cannot be re-executed)
-   or ``/proc/*/mem``; ``pickle``'s ``find_class`` of a course module; ``gc.get_objects``,
-   ``get_referrers`` and ``get_referents``; every way to a frame (``sys._getframe``, ``tb_frame``,
-   ``gi_frame``, ``cr_frame``, ``ag_frame``, ``sys._current_frames``, ``sys.settrace``, ``sys.setprofile``)
-   so that the worker's locals (the part being run, the exercise) stay out of reach; ``ctypes``; starting
-   another program (``os.system``, ``subprocess``, ``os.exec*``, ``posix_spawn``: a fresh interpreter would
-   have no guard); and a second audit hook. The worker's own frame walk (where an error happened) runs in
-   ``trusted`` windows of the main thread, which run no learner code; threads the learner starts are never
-   trusted.
+   importing ``attention_course.*``; opening any file of the package or ``/proc/*/mem``; ``pickle``'s
+   ``find_class`` of a course module; ``gc.get_objects``, ``get_referrers`` and ``get_referents``; every
+   way to a frame (``sys._getframe``, ``tb_frame``, ``gi_frame``, ``cr_frame``, ``ag_frame``,
+   ``sys._current_frames``, ``sys.settrace``, ``sys.setprofile``); ``ctypes``; starting another program;
+   and a second audit hook. The worker's own frame walk (where an error happened) runs in ``trusted``
+   windows of the main thread, which run no learner code; threads the learner starts are never trusted.
 
-What it cannot stop: a learner who copies the library's public source into a cell (plagiarism, not an
-attack on the grader).
+What it does not stop, and what does: code in the learner's process can read and write that process's
+memory without an audit event (NumPy's ``__array_interface__`` on a raw address, for one), and so can
+switch this hook off. An in-process guard cannot stand against that; it is defence in depth. What holds
+whatever the learner writes into memory is outside the process: the parts of one attempt share one
+allowance, the references and verdicts are computed in the grader's process (cases travel without their
+private data), the sandbox (bubblewrap, seccomp) keeps the process from everything else, and the source
+check reads every cell. It cannot catch a learner who copies the library's public source into a cell
+(plagiarism, not an attack on the grader). ``chapters/instructors.md`` has the table of what holds how.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import gc
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 __all__ = ["Guard", "guard_library"]
@@ -78,17 +82,14 @@ class Guard:
     """What the worker keeps of an installed guard (hold it in a local variable only).
 
     Attributes:
-        set_part: ``set_part(name)``: the part whose allowances apply from now on (``None``: none).
         trusted: ``trusted(fn)``: ``fn()`` with the hook relaxed for the main thread; only for the worker's
             own code that runs no learner code (walking a traceback's frames).
-        intact: ``intact()``: whether the package and ``sys.modules`` still look as the guard left them.
+        intact: ``intact()``: whether ``sys.modules`` still looks as the guard left it.
     """
 
-    __slots__ = ("set_part", "trusted", "intact")
+    __slots__ = ("trusted", "intact")
 
-    def __init__(self, set_part: Callable[[str | None], None], trusted: Callable[[Callable[[], T]], T],
-                 intact: Callable[[], bool]) -> None:
-        self.set_part = set_part
+    def __init__(self, trusted: Callable[[Callable[[], T]], T], intact: Callable[[], bool]) -> None:
         self.trusted = trusted
         self.intact = intact
 
@@ -188,38 +189,23 @@ class _Hidden:
         return "<not available in this exercise>"
 
 
-def _gate(name: str, function: Callable[..., Any], allowed_now: Callable[[str], bool], exercise_id: str) \
-        -> Callable[..., Any]:
-    def gate(*args: Any, **kwargs: Any) -> Any:
-        if not allowed_now(name):
-            raise LibraryRuleError(f"ac.{name} is not available to this part of {exercise_id}: only the parts whose "
-                              "rule allows it may call it, directly or through a helper")
-        return function(*args, **kwargs)
-
-    gate.__name__ = gate.__qualname__ = name
-    gate.__doc__ = getattr(function, "__doc__", None)
-    return gate
-
-
 # --- the guard ----------------------------------------------------------------------------------------
-def guard_library(exercise_id: str, table: Mapping[str, frozenset[str]], roots: Iterable[Any]) -> Guard:
+def guard_library(exercise_id: str, allowed: frozenset[str], roots: Iterable[Any]) -> Guard:
     """Install the run-time library rule in this process (the worker, before learner code); see the module
     docstring.
 
     Args:
         exercise_id: for messages.
-        table: part -> the course-library names it may use (parts absent may use none).
+        allowed: the course-library names every part this process serves may use (one allowance per
+            process: the grader splits the parts by allowance).
         roots: what the worker will still run or hand to learner code: each part's ``run`` and the cases.
     """
     import attention_course
 
     package_dir = os.path.realpath(os.path.dirname(attention_course.__file__))
-    union = frozenset().union(*table.values()) if table else frozenset()
-    state: list[Any] = [None, 0]  # [the part running now, depth of trusted windows of the main thread]
+    union = frozenset(allowed)
+    depth = [0]  # trusted windows of the main thread open now (reachable from the worker's frames only)
     main_thread = _thread.get_ident()
-
-    def allowed_now(name: str) -> bool:
-        return name in table.get(state[0], frozenset())
 
     allowed_objects = [value for name, value in vars(attention_course).items() if name in union]
     _prune([*roots, *allowed_objects])
@@ -228,10 +214,8 @@ def guard_library(exercise_id: str, table: Mapping[str, frozenset[str]], roots: 
             continue
         if name not in union or isinstance(value, types.ModuleType):
             setattr(attention_course, name, _Hidden(
-                f"ac.{name} is not available in {exercise_id}: the grader does not allow this exercise to use "
-                "the course library's version; write it yourself"))
-        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
-            setattr(attention_course, name, _gate(name, value, allowed_now, exercise_id))
+                f"ac.{name} is not available in {exercise_id} to this part: the grader does not allow it to "
+                "use the course library's version; write it yourself"))
     for name in [key for key in sys.modules if _is_course(key) and key != _PACKAGE]:
         del sys.modules[name]
     for name in _EXEC_MODULES:  # subprocess keeps a reference to the module: take the function off it
@@ -273,7 +257,7 @@ def guard_library(exercise_id: str, table: Mapping[str, frozenset[str]], roots: 
     def hook(event: str, args: tuple) -> None:
         if event == "sys.addaudithook":
             raise _HookRefused("graded code may not add audit hooks")
-        if state[1] and _thread.get_ident() == main_thread:
+        if depth[0] and _thread.get_ident() == main_thread:
             return
         if event == "import":
             if args and args[0] in _EXEC_MODULES:
@@ -303,19 +287,16 @@ def guard_library(exercise_id: str, table: Mapping[str, frozenset[str]], roots: 
 
     sys.addaudithook(hook)
 
-    def set_part(name: str | None) -> None:
-        state[0] = name
-
     def trusted(function: Callable[[], T]) -> T:
         if _thread.get_ident() != main_thread:
             raise LibraryRuleError("only the worker's main thread may relax the guard")
-        state[1] += 1
+        depth[0] += 1
         try:
             return function()
         finally:
-            state[1] -= 1
+            depth[0] -= 1
 
     def intact() -> bool:
         return not any(_is_course(key) and key != _PACKAGE for key in list(sys.modules))
 
-    return Guard(set_part, trusted, intact)
+    return Guard(trusted, intact)

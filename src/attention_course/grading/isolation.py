@@ -9,8 +9,13 @@ The grader runs each notebook's graded cells in a fresh **sandbox** (see
   virtual environment, the course package's source folder) and a private, size-capped tmpfs at ``/tmp``
   as its only writable place. The submissions, the solution notebooks, the grades, the instructor's home
   and the rest of the repository do not exist inside;
-- an unprivileged user: as root, the grader hands the sandbox a uid of its own (so the process limit
-  counts that sandbox only); otherwise bubblewrap's user namespace maps the instructor's uid;
+- an unprivileged user: as root (with CAP_SYS_ADMIN: the ``"root"`` mode), the grader hands the sandbox a
+  uid of its own (so the process limit counts that sandbox only); otherwise (not root, or root without
+  CAP_SYS_ADMIN as in a container with Docker's default capabilities: the ``"userns"`` mode, see
+  :func:`check_sandbox`) bubblewrap's user namespace maps the grader's uid, with ``--disable-userns``;
+- a seccomp filter (:func:`userns_filter`, ``bwrap --seccomp``) in every mode: no process in the sandbox
+  can make a new user namespace (``unshare``/``clone`` with ``CLONE_NEWUSER``, ``setns``, ``clone3``, or
+  system calls of another ABI), so learner code never gets root or capabilities in a namespace of its own;
 - resource limits it cannot raise (:class:`Limits`): address space, processes, file size, CPU time, no
   core dumps, and ``no_new_privs``; file size (``RLIMIT_FSIZE``) is the output limit plus one byte; the
   grader adds a wall clock per step and per notebook, and watches the output.
@@ -39,6 +44,9 @@ __all__ = [
     "Snapshot",
     "bwrap_path",
     "check_sandbox",
+    "sandbox_mode",
+    "seccomp_fd",
+    "userns_filter",
     "clean_text",
     "read_submission",
     "sandbox_command",
@@ -112,39 +120,69 @@ _checked: dict[str, str | None] = {}
 _check_lock = threading.Lock()
 
 
-def check_sandbox() -> None:
-    """Raise :class:`SandboxUnavailable` unless bubblewrap is installed and can start a sandbox here
-    (checked once per process, by starting ``true`` in the same kind of sandbox the workers get)."""
+def _probe(mode: str) -> str | None:
+    """Why a sandbox of this ``mode`` cannot start here (``true`` run in it), or ``None`` when it can."""
     import subprocess
 
+    fd = seccomp_fd()
+    try:
+        command = sandbox_command([_true_path()], uid=_free_uid_probe() if mode == "root" else None, seccomp=fd,
+                                  mode=mode)
+        probe = subprocess.run(command, capture_output=True, timeout=60, env=worker_environment(),
+                               preexec_fn=_set_pdeathsig, pass_fds=() if fd is None else (fd,))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return clean_text(exc, 300)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return None if probe.returncode == 0 else clean_text(probe.stderr.decode(errors="replace"), 300) or \
+        f"exit status {probe.returncode}"
+
+
+def check_sandbox(hint: str | None = None) -> None:
+    """Raise :class:`SandboxUnavailable` unless bubblewrap is installed and can start a sandbox here
+    (checked once per process, by starting ``true`` in the same kind of sandbox the workers get). As root
+    it tries the ``"root"`` mode first (no user namespace; needs CAP_SYS_ADMIN), then a user namespace (root
+    without CAP_SYS_ADMIN, as in a container with Docker's default capabilities); :func:`sandbox_mode` then
+    says which one works.
+
+    Args:
+        hint: what to do about it, for the message (default :data:`INSTALL_HINT`, which names the
+            grader's own options; another command passes words about its own).
+    """
+    hint = hint or INSTALL_HINT
     with _check_lock:
         if "result" not in _checked:
             path = bwrap_path()
             if path is None:
-                _checked["result"] = f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}"
+                _checked["result"] = "bubblewrap (bwrap) is not installed"
             else:
-                command = sandbox_command([_true_path()], uid=_free_uid_probe())
-                try:
-                    probe = subprocess.run(command, capture_output=True, timeout=60, env=worker_environment(),
-                                           preexec_fn=_set_pdeathsig)
-                    if probe.returncode == 0:
-                        _checked["result"] = None
-                    else:
-                        why = clean_text(probe.stderr.decode(errors="replace"), 300)
-                        _checked["result"] = f"bubblewrap cannot start a sandbox here ({why}); {INSTALL_HINT}"
-                except (OSError, subprocess.SubprocessError) as exc:
-                    _checked["result"] = f"bubblewrap cannot start a sandbox here ({exc}); {INSTALL_HINT}"
+                modes = ["root", "userns"] if os.geteuid() == 0 else ["userns"]
+                problems = []
+                for mode in modes:
+                    problem = _probe(mode)
+                    if problem is None:
+                        _mode["mode"] = mode
+                        break
+                    problems.append(f"{mode}: {problem}")
+                _checked["result"] = None if "mode" in _mode else \
+                    f"bubblewrap cannot start a sandbox here ({'; '.join(problems)}){_CONTAINER_NOTE}"
         problem = _checked["result"]
     if problem:
-        raise SandboxUnavailable(problem)
+        raise SandboxUnavailable(f"{problem}; {hint}")
+
+
+_CONTAINER_NOTE = (" (in a container with Docker's defaults, its seccomp profile forbids the namespaces bubblewrap "
+                   "makes and its masked /proc paths forbid a new /proc: see chapters/instructors.md for what the "
+                   "container must allow)")
 
 
 def _true_path() -> str:
     return shutil.which("true") or "/bin/true"
 
 
-def _free_uid_probe() -> int | None:
-    return SANDBOX_UID_BASE if os.geteuid() == 0 else None
+def _free_uid_probe() -> int:
+    return SANDBOX_UID_BASE
 
 
 # --- what the sandbox sees ----------------------------------------------------------------------------
@@ -189,13 +227,30 @@ _SYSTEM = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cach
            "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"]
 
 
-def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = None) -> list[str]:
+#: How sandboxes are made here (:func:`sandbox_mode`): ``"root"``: the grader is root with CAP_SYS_ADMIN, no
+#: user namespace, and the worker drops to a uid of its own; ``"userns"``: a user namespace (not root, or root
+#: without CAP_SYS_ADMIN, as in a container with Docker's default capabilities).
+_mode: dict[str, str] = {}
+
+
+def sandbox_mode() -> str:
+    """``"root"`` (root with CAP_SYS_ADMIN, no user namespace, the worker on a uid of its own) or ``"userns"``
+    (a user namespace: not root, or root without CAP_SYS_ADMIN): the kind :func:`check_sandbox` found to work here
+    (before any check: ``"root"`` as root, else ``"userns"``)."""
+    return _mode.get("mode") or ("root" if os.geteuid() == 0 else "userns")
+
+
+def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = None, seccomp: int | None = None,
+                    mode: str | None = None) -> list[str]:
     """The ``bwrap`` command line that runs ``argv`` in a fresh sandbox (see the module docstring).
 
     Args:
         argv: the command to run inside (absolute paths).
-        uid: as root, the sandbox's own uid (the worker drops to it); ``None`` when not root.
+        uid: in the ``"root"`` mode, the sandbox's own uid (the worker drops to it); else ``None``.
         limits: sizes (the tmpfs); the rlimits are applied by the worker itself.
+        seccomp: a file descriptor holding :func:`userns_filter` (:func:`seccomp_fd`), passed to bwrap with
+            the command: no process in the sandbox can make a user namespace.
+        mode: ``"root"`` or ``"userns"`` (default :func:`sandbox_mode`).
     """
     limits = limits or Limits()
     path = bwrap_path()
@@ -203,11 +258,13 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
         raise SandboxUnavailable(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
     command = [path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox"]
-    if os.geteuid() == 0:
+    if (mode or sandbox_mode()) == "root":
         # No user namespace: the worker drops from root to its own uid (so RLIMIT_NPROC binds; root is exempt).
         command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         command += ["--unshare-user"] + (["--disable-userns"] if _supports(path, "--disable-userns") else [])
+    if seccomp is not None:
+        command += ["--seccomp", str(seccomp)]
     for system in _SYSTEM:
         if os.path.islink(system):
             command += ["--symlink", os.readlink(system), system]
@@ -234,6 +291,67 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
     for key, value in environment.items():
         command += ["--setenv", key, value]
     return command + ["--", *argv]
+
+
+# --- no new user namespaces inside: a seccomp filter ---------------------------------------------------
+#: Per architecture (``uname -m``): the kernel's audit arch and the numbers of unshare, clone, clone3, setns.
+_SYSCALLS = {
+    "x86_64": (0xC000003E, 272, 56, 435, 308),
+    "aarch64": (0xC00000B7, 97, 220, 435, 268),
+}
+_CLONE_NEWUSER = 0x10000000
+_X32_BIT = 0x40000000
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_EPERM, _ENOSYS = 1, 38
+
+
+def userns_filter() -> bytes | None:
+    """A seccomp program (classic BPF, as ``bwrap --seccomp`` reads it) that refuses every way to a new user
+    namespace: ``unshare`` and ``clone`` with ``CLONE_NEWUSER`` (EPERM), ``setns`` (EPERM), ``clone3`` (ENOSYS,
+    whose flags a filter cannot read: the C library then falls back to ``clone``, which is filtered), and
+    every system call of another ABI (x32, i386 on x86_64: EPERM). Everything else is allowed. ``None`` on an
+    architecture this module does not know."""
+    import platform
+    import struct
+
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        return None
+    arch, unshare, clone, clone3, setns = numbers
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    deny, nosys, allow = _RET_ERRNO | _EPERM, _RET_ERRNO | _ENOSYS, _RET_ALLOW
+    program = [
+        (ld, 0, 0, 4),  # 0: the architecture
+        (jeq, 1, 0, arch),  # 1: native -> 3
+        (ret, 0, 0, deny),  # 2: another ABI
+        (ld, 0, 0, 0),  # 3: the system call's number
+        (jge, 0, 1, _X32_BIT),  # 4: x32 -> 5, else 6
+        (ret, 0, 0, deny),  # 5
+        (jeq, 4, 0, unshare),  # 6: -> 11
+        (jeq, 3, 0, clone),  # 7: -> 11
+        (jeq, 6, 0, setns),  # 8: -> 15
+        (jeq, 6, 0, clone3),  # 9: -> 16
+        (ret, 0, 0, allow),  # 10
+        (ld, 0, 0, 16),  # 11: the flags (first argument, low 32 bits)
+        (jset, 0, 1, _CLONE_NEWUSER),  # 12: CLONE_NEWUSER -> 13, else 14
+        (ret, 0, 0, deny),  # 13
+        (ret, 0, 0, allow),  # 14
+        (ret, 0, 0, deny),  # 15: setns
+        (ret, 0, 0, nosys),  # 16: clone3
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def seccomp_fd() -> int | None:
+    """A fresh file descriptor (a memfd, inheritable) holding :func:`userns_filter`, for ``bwrap --seccomp``;
+    ``None`` where there is no filter for this architecture. The caller passes it to bwrap and closes it."""
+    program = userns_filter()
+    if program is None or not hasattr(os, "memfd_create"):
+        return None
+    fd = os.memfd_create("attention-course-seccomp", 0)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 _help: dict[str, str] = {}

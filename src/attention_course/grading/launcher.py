@@ -49,6 +49,8 @@ from attention_course.grading.isolation import (
     _set_pdeathsig,
     package_root,
     sandbox_command,
+    sandbox_mode,
+    seccomp_fd,
     worker_environment,
 )
 from attention_course.grading.worker import bootstrap_source
@@ -180,7 +182,7 @@ class Sandbox:
         # sweep_leftovers a dead grader's)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self.log = self.dir / OUTPUT_LOG
-        self._uid = _uids.take() if isolated and os.geteuid() == 0 else None
+        self._uid = _uids.take() if isolated and os.geteuid() == 0 and sandbox_mode() == "root" else None
         self._killed = False
         self.peak_memory: int | None = None  # bytes, from the memory cgroup, once killed
         self.shared_memory_limited: bool | None = None  # kernel.shm* set in its IPC namespace (as root)
@@ -212,16 +214,18 @@ class Sandbox:
             if cgroup is not None:
                 cgroup.enter()
 
+        seccomp = seccomp_fd() if isolated else None  # no new user namespace inside (read by bwrap)
         try:
             if isolated:
-                command = sandbox_command(argv, uid=self._uid, limits=limits)
+                command = sandbox_command(argv, uid=self._uid, limits=limits, seccomp=seccomp)
                 if cgroup is None and memory_cgroup.cgroup_support()[0] == "systemd":
                     command = memory_cgroup.systemd_prefix(limits.cgroup_limit) + command
                 env = worker_environment()
             else:
                 command, env = argv, worker_environment()
             self._proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log, env=env,
-                                          pass_fds=(write_end,), start_new_session=True,
+                                          pass_fds=(write_end,) if seccomp is None else (write_end, seccomp),
+                                          start_new_session=True,
                                           cwd=self.dir if not isolated else "/", preexec_fn=before_exec)
         except BaseException:
             if read_end >= 0:
@@ -235,6 +239,8 @@ class Sandbox:
         finally:
             os.close(write_end)
             os.close(log)
+            if seccomp is not None:
+                os.close(seccomp)
         self.pid = self._proc.pid
         self.channel = (FrameReader(read_end, max_frames=1, max_bytes=CHANNEL_LIMIT, blob_limit=BLOB_LIMIT)
                         if read_end >= 0 else None)

@@ -12,17 +12,21 @@ layer is built from ``ac.MultiHeadAttention`` and ``ac.PositionwiseFeedForward``
 An exercise module may also declare a module-level table, ``LIBRARY_ALLOWED = {"part": {"name", ...}}``,
 which replaces its exercise's ``allowed``.
 
-Enforcement has two layers:
+Enforcement has layers (``chapters/instructors.md`` has the table of what each holds against):
 
 - :func:`library_problem` (in the grader, on the cell's source, IPython syntax and the bodies of cell
   magics such as ``%%time`` included): any use of a name the part does not allow (``ac.X``,
   ``from attention_course... import X``, the module itself passed around, ``getattr(ac, ...)``, or a string
   or bytes constant naming the package) fails the part with a message naming the use: the early, readable
   message;
+- parts with different allowances are judged in separate sandboxes
+  (:func:`attention_course.grading.sandbox.run_parts` groups them by :func:`part_table`), so a worker's
+  allowance is fixed for its life;
 - ``attention_course.grading.import_guard.guard_library`` (in the worker, before the learner's cells
-  run): the rule at run time, whatever string or route reaches the library (``__import__`` of a built
-  name, ``importlib``, a ``sys.modules`` scan, the garbage collector, ``pickle``, frames, the package's
-  files, another interpreter), each part checked with only its own allowances.
+  run): the names outside that allowance hidden and the other routes to the library (``__import__`` of a
+  built name, ``importlib``, a ``sys.modules`` scan, the garbage collector, ``pickle``, frames, the
+  package's files, another interpreter) refused by an audit hook: defence in depth, since code that writes
+  its own process's memory can switch a hook off.
   (:func:`hide_library`, the earlier, name-only stand-ins, is kept for callers of the old form.)
 
 It cannot catch a learner who copies the library's (public) source into a cell; that is plagiarism, not

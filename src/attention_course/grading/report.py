@@ -73,20 +73,39 @@ def to_json(results: Sequence[NotebookResult], roster: Roster | None = None) -> 
     return json.dumps({"notebooks": entries}, indent=2) + "\n"
 
 
+#: First characters that make a spreadsheet read a cell as a formula (or, tab and CR, hide one after them).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _safe_cell(value: object) -> object:
+    """A CSV cell that no spreadsheet runs as a formula: text starting with ``=``, ``+``, ``-``, ``@``, a tab
+    or a carriage return gets a leading apostrophe (a file named ``=HYPERLINK(...).ipynb`` stays its name,
+    shown as text), and a carriage return anywhere becomes a space; numbers are written as they are."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        value = "'" + value
+    if isinstance(value, str) and "\r" in value:  # Python's csv module leaves a CR unquoted: a broken row
+        value = value.replace("\r", " ")
+    return value
+
+
 def to_csv(results: Sequence[NotebookResult], roster: Roster | None = None) -> str:
     """One row per notebook: path, exercise, score, max_score, message, seconds, learner_id, name (from the
     roster, else empty), one column per part with its score (empty when the notebook has no such part),
     then one ``<exercise>:<part> reason`` column per part with the reason it lost marks (empty if passed)."""
     columns = part_columns(results)
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["path", "exercise", "score", "max_score", "message", "seconds", "learner_id", "name",
+    csv_writer = csv.writer(buffer, lineterminator="\n")
+
+    def writerow(row: list[object]) -> None:
+        csv_writer.writerow([_safe_cell(cell) for cell in row])
+
+    writerow(["path", "exercise", "score", "max_score", "message", "seconds", "learner_id", "name",
                      *columns, *(f"{column} reason" for column in columns)])
     for r in results:
         scores = {f"{r.exercise}:{v.part}": _num(v.score) for v in r.parts}
         reasons = {f"{r.exercise}:{v.part}": "" if v.passed else v.message for v in r.parts}
         learner_id, name = roster.lookup(r.path) if roster else ("", "")
-        writer.writerow([r.path, r.exercise or "", _num(r.score), r.max_score, r.message, f"{r.seconds:.2f}",
+        writerow([r.path, r.exercise or "", _num(r.score), r.max_score, r.message, f"{r.seconds:.2f}",
                          learner_id, name, *(scores.get(column, "") for column in columns),
                          *(reasons.get(column, "") for column in columns)])
     return buffer.getvalue()

@@ -6,10 +6,15 @@ no network, no view of the submissions, the solutions or the grades, its own PID
 cannot raise), sends it the job and watches it:
 
 - every step (a cell, a part) has ``timeout`` seconds; the notebook's code as a whole has a fixed budget
-  (:func:`notebook_budget`, not proportional to its cells), retries included; a worker past either is
-  killed;
-- one part's results are size-checked before they are decoded (:func:`results_problem`: every record of
-  the zip stored, not compressed, and within the bytes that came), then checked to be plain data;
+  (:func:`notebook_budget`, not proportional to its cells), charged for every sandbox start after a
+  group's first (at least ``RESTART_CHARGE`` seconds each), and at most parts + 2 attempts in all; a
+  worker past either limit is killed;
+- parts whose course-library allowances differ are judged in separate attempts (``_allowance_groups``),
+  so that each worker holds one fixed allowance;
+- one part's results are size-checked, then read by the wire's own parser
+  (:func:`attention_course.grading.wire.decode`: only the wire's types, structure limits checked before
+  anything is built, linear in the bytes; no unpickler ever reads learner bytes), then checked to be plain
+  data;
 - the worker's channel is a pipe the grader owns: it accepts only the next expected step, once, in
   small frames (:mod:`attention_course.grading.channel`); a violation (a flood, a re-announced step, a
   deeply nested message) ends the attempt and fails the step it was in, for this learner only;
@@ -27,27 +32,23 @@ references are computed in the grader, which keeps the original cases.
 
 from __future__ import annotations
 
-import io
 import pickle
 import signal
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from attention_course.grading.channel import parse_header
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text
 from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool, zygote_pool
 from attention_course.grading.learner_text import LearnerTextError, to_python
 from attention_course.grading.spec import Case
-from attention_course.grading.wire import is_wire
+from attention_course.grading.wire import WireFormatError, decode, is_wire
 from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
 
 __all__ = ["BUDGET_STEPS", "DEFAULT_OUTPUT_LIMIT", "MISSING", "STARTUP_TIMEOUT", "SandboxResult", "notebook_budget",
-           "RECORD_LIMIT", "results_problem",
+           "results_problem",
            "prewarm", "public_case", "release", "run_parts"]
 
 DEFAULT_OUTPUT_LIMIT = 1_000_000  # bytes of stdout + stderr per process
@@ -120,44 +121,27 @@ class SandboxResult:
     peak_memory: int | None = None
 
 
-#: Records in one part's results (a tensor is one record; a part returns a few hundred at most).
-RECORD_LIMIT = 10_000
-
-
 def results_problem(data: bytes) -> str | None:
-    """Why one part's result bytes may not be decoded, checked before anything is inflated or unpickled:
-    ``torch.save`` writes a zip of *stored* (uncompressed) records, so every record must be stored, say
-    the same size compressed and uncompressed, and all of them fit in the bytes that came (a learner who
-    replaces ``torch.save`` could otherwise send a small zip that inflates to gigabytes in the grader)."""
+    """Why one part's result bytes may not be decoded, checked before anything is read: over
+    ``launcher.BLOB_LIMIT``, or not the wire format's header."""
     if len(data) > BLOB_LIMIT:
         return f"its results are {len(data):,} bytes, over the limit of {BLOB_LIMIT:,}"
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError):
-        return "its results are not in the grader's format"
-    if len(records) > RECORD_LIMIT:
-        return f"its results hold {len(records):,} records, over the limit of {RECORD_LIMIT:,}"
-    total = 0
-    for record in records:
-        if record.compress_type != zipfile.ZIP_STORED or record.file_size != record.compress_size:
-            return "its results hold a compressed record (the grader's format stores them uncompressed)"
-        total += record.file_size
-    if total > len(data):
-        return "its results declare more bytes than they hold"
+    if not data.startswith(b"ACW1"):
+        return "its results could not be read (they are not in the grader's wire format)"
     return None
 
 
 def _load_outcome_bytes(data: bytes, expected: int) -> list[Any] | str:
-    """One part's outcomes: sizes checked first (:func:`results_problem`), then read with the weights-only
-    unpickler (no code can run), then checked to be plain wire data of bounded size."""
+    """One part's outcomes, read by :func:`attention_course.grading.wire.decode` (a parser of only the wire's
+    own types, with limits on the structure, linear in the bytes: no unpickler, no zip on learner bytes),
+    then checked to be plain wire data of bounded size."""
     problem = results_problem(data)
     if problem:
         return problem
     try:
-        outcomes = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as exc:
-        return f"its results could not be read ({type(exc).__name__})"
+        outcomes = decode(data)
+    except WireFormatError as exc:
+        return f"its results could not be read ({clean_text(exc, 200)})"
     if not isinstance(outcomes, list) or len(outcomes) != expected:
         return "its results were incomplete"
     if not all(is_wire(outcome, -1) for outcome in outcomes):  # -1: the outcome dict around the value
@@ -268,11 +252,20 @@ def _exit_words(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_left: list[float]) -> _Attempt:
-    """Run one worker on ``job``. ``budget_left[0]``: seconds of learner code the notebook has left; the
-    clock runs from the worker's first cell or part (start-up and the trusted preamble are not the
-    learner's), and what this attempt used is taken off."""
+#: Seconds of the notebook's budget that every attempt after its first costs at least: a fresh sandbox
+#: (Python, PyTorch and the exercises imported again) is work the grader's machine does for this notebook.
+RESTART_CHARGE = 2.0
+
+
+def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_left: list[float],
+             first: bool = True) -> _Attempt:
+    """Run one worker on ``job``. ``budget_left[0]``: seconds the notebook has left. The first attempt's
+    clock runs from the worker's first cell or part (its sandbox was started ahead of need, and the trusted
+    preamble is not the learner's); every later attempt, a sandbox started again because the learner's
+    code ended or hung the last one, is charged its whole time from taking the sandbox, and at least
+    ``RESTART_CHARGE``. What the attempt used is taken off."""
     protocol = _Protocol(job)
+    taken = time.monotonic()
     for tries_left in (1, 0):  # a sandbox that did not start (no learner code has run in it) is replaced once
         try:
             sandbox = workers.take()
@@ -303,7 +296,7 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_l
                     break
                 step_started = time.monotonic()
                 if learner_started is None and protocol.events[-1:] and protocol.events[-1]["step"] in ("cell", "part"):
-                    learner_started = step_started
+                    learner_started = step_started if first else taken
                     deadline = learner_started + budget_left[0]
             if reason:
                 break
@@ -334,6 +327,9 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_l
         sandbox.kill()  # the worker, its PID namespace, everything it started, its private folder
         if learner_started is not None:
             budget_left[0] -= time.monotonic() - learner_started
+        if not first:
+            used = time.monotonic() - (taken if learner_started is None else learner_started)
+            budget_left[0] -= max(0.0, RESTART_CHARGE - used) + (used if learner_started is None else 0.0)
     finished = any(event["step"] == "done" for event in protocol.events)
     if reason is None and sandbox.output_size() > output_limit:
         reason = f"printed more than {output_limit:,} bytes of output (the limit)"
@@ -409,7 +405,8 @@ def run_parts(
             ``"none"``: unisolated (the grader's ``--no-sandbox``).
         limits: resource limits of each worker (default :class:`~attention_course.grading.isolation.Limits`).
         allowed: course-library names the learner's code may use (``None``: all; see
-            :mod:`attention_course.grading.library_rules`).
+            :mod:`attention_course.grading.library_rules`). Parts whose allowances (within ``allowed``)
+            differ are judged in separate attempts, each worker with one fixed allowance.
         budget: seconds the whole notebook may take, retries included (default :func:`notebook_budget`).
         warm: sandboxes to keep started ahead of need (the grader: one per notebook graded at once; the
             notebook check: one; 0: start each one when needed).
@@ -440,6 +437,26 @@ class _Taker:
         return self._workers.take(refill=self._refill)
 
 
+_PartCases = list[tuple[str, list[Any]]]
+
+
+def _allowance_groups(exercise_id: str, part_cases: _PartCases,
+                      allowed: frozenset[str] | None) -> list[tuple[frozenset[str] | None, _PartCases]]:
+    """The parts grouped by what they may use of the course library (``part_table`` within ``allowed``), in
+    the order their first part comes: each group is judged in attempts of its own, whose worker sees exactly
+    that allowance, so that no process ever holds a rule that changes from part to part (ex10: a part that may
+    not call ``ac.causal_mask`` is never run where it exists). ``allowed=None`` (no rule): one group."""
+    if allowed is None:
+        return [(None, list(part_cases))]
+    from attention_course.grading.library_rules import part_table
+
+    table = part_table(exercise_id)
+    groups: dict[frozenset[str], list[tuple[str, list[Any]]]] = {}
+    for part, cases in part_cases:
+        groups.setdefault(frozenset(table.get(part, frozenset()) & allowed), []).append((part, cases))
+    return list(groups.items())
+
+
 def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]],
                part_cases: list[tuple[str, list[Any]]], timeout: float, output_limit: int,
                allowed: frozenset[str] | None, budget: float | None, isolated: bool, workers: Any) -> SandboxResult:
@@ -447,16 +464,32 @@ def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]
     cells = _readable_cells(cells)
     budget_left = [budget]
     result = SandboxResult(isolated=isolated)
+    # A notebook gets at most parts + 2 attempts (sandbox starts) in all, however many cells it brings; each
+    # retry (an attempt after the first of its group) is charged to its budget.
+    attempts_left = [len(part_cases) + 2]
+    for allowance, group in _allowance_groups(exercise_id, part_cases, allowed):
+        _run_group(exercise_id, preamble, cells, group, timeout, output_limit, allowance, budget_left,
+                   attempts_left, result, workers)
+    return result
+
+
+def _run_group(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]],
+               part_cases: list[tuple[str, list[Any]]], timeout: float, output_limit: int,
+               allowed: frozenset[str] | None, budget_left: list[float], attempts_left: list[int],
+               result: SandboxResult, workers: Any) -> None:
+    """Judge one allowance group's parts (every cell runs, as the parts may call each other's functions;
+    only the group's parts' cell errors and outcomes are kept), retrying after a crash or a hang."""
+    group = {part for part, _ in part_cases}
     remaining = [(part, [public_case(case) for case in cases]) for part, cases in part_cases]
     skipped: set[int] = set()
     cell_indices = {cell[0] for cell in cells}
-    # Every retry skips a cell or drops a part, so this many attempts always suffice.
-    for _ in range(len(cells) + len(part_cases) + 1):
-        if not remaining:
-            break
+    number = 0
+    while remaining and attempts_left[0] > 0 and (number == 0 or budget_left[0] > 0):
+        attempts_left[0] -= 1
         job = Job(exercise_id, preamble, [cell for cell in cells if cell[0] not in skipped], remaining,
                   output_limit=output_limit, allowed=allowed)
-        attempt = _attempt(job, timeout, output_limit, workers, budget_left)
+        attempt = _attempt(job, timeout, output_limit, workers, budget_left, first=number == 0)
+        number += 1
         result.processes += 1
         result.worker_cpu_seconds += attempt.cpu
         if attempt.peak_memory is not None:
@@ -465,8 +498,9 @@ def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]
         for event in attempt.events:
             part = event.get("part")
             if event["step"] == "cell_error" and isinstance(part, str):
-                where = f" ({event.get('where')})" if event.get("where") else ""
-                result.cell_errors[part] = f"raised {event.get('type')}: {event.get('message')}{where}"
+                if part in group:
+                    where = f" ({event.get('where')})" if event.get("where") else ""
+                    result.cell_errors[part] = f"raised {event.get('type')}: {event.get('message')}{where}"
             elif event["step"] == "missing" and isinstance(part, str):
                 result.failures[part] = MISSING
                 finished.add(part)
@@ -484,18 +518,18 @@ def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]
         if attempt.reason is None or not remaining:
             for part, _ in remaining:  # a worker that says "done" but skipped parts: never silently pass
                 result.failures.setdefault(part, "no result came back")
-            break
+            return
         if budget_left[0] <= 0:
             for part, _ in remaining:
                 result.failures.setdefault(part, f"not checked: the notebook {attempt.reason}")
-            remaining = []
-            break
+            return
         last = attempt.events[-1] if attempt.events else {"step": "start"}
         cell, part = last.get("cell"), last.get("part")
         if last["step"] in ("cell", "cell_error") and isinstance(cell, int) and cell in cell_indices - skipped:
             # The cell hung or killed the process: blame its part, rerun the others without it.
             skipped.add(cell)
-            result.cell_errors[str(part)] = attempt.reason
+            if part in group:
+                result.cell_errors[str(part)] = attempt.reason
         elif last["step"] in ("part", "missing") and isinstance(part, str) and part in dict(remaining):
             result.failures[part] = f"while it was checked, your code {attempt.reason}"
             remaining = [(p, c) for p, c in remaining if p != part]
@@ -510,7 +544,7 @@ def _run_parts(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]
             for part, _ in remaining:
                 result.failures[part] = (f"the grader could not start the checking process: {attempt.reason}"
                                          + (f"; last output: {tail}" if tail else ""))
-            break
+            return
     for part, _ in remaining:
-        result.failures.setdefault(part, "no result came back")
-    return result
+        result.failures.setdefault(part, "not checked: the notebook used up its attempts (one per part, plus two) "
+                                         "or its time budget, ending or stalling the checking process each time")

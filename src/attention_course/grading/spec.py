@@ -35,8 +35,8 @@ import torch
 
 from attention_course.grading.findings import FailureKind, Finding
 
-__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "diagnose", "pair_problem", "permutation",
-           "preamble", "randn", "with_texts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
+__all__ = ["Case", "Part", "Exercise", "Mistake", "call_function", "degenerate", "diagnose", "pair_problem",
+           "permutation", "preamble", "randn", "with_texts", "INPUTS_CHANGED", "InputWatch", "unwatched"]
 
 #: The key of the wrapper a part's ``run`` returns when the learner's function changed an input in place.
 INPUTS_CHANGED = "__inputs_changed__"
@@ -137,13 +137,27 @@ def randn(g: torch.Generator, *shape: int, scale: float = 1.0, dtype: torch.dtyp
     return torch.randn(*shape, generator=g, dtype=dtype) * scale
 
 
-def permutation(g: torch.Generator, n: int, inverse_differs: bool = False) -> torch.Tensor:
+def permutation(g: torch.Generator, n: int, inverse_differs: bool = False, everywhere: bool = False) -> torch.Tensor:
     """A case input: a random permutation of ``n`` items from ``g`` that is not the identity (so reordering is
-    really tested); with ``inverse_differs``, not its own inverse either (so p and p⁻¹ cannot be confused)."""
+    really tested); with ``inverse_differs``, not its own inverse either (so p and p⁻¹ cannot be confused); with
+    ``everywhere`` (n >= 3), p(i) differs from i and from p⁻¹(i) for every i (no fixed point, no swapped pair),
+    so that p and p⁻¹ give different orders on every row, whatever the draw."""
+    if everywhere and n < 3:
+        raise ValueError(f"a permutation of {n} items always has a fixed point or a swapped pair")
     while True:
         perm = torch.randperm(n, generator=g)
-        if not torch.equal(perm[perm] if inverse_differs else perm, torch.arange(n)):
+        if everywhere:
+            if bool((perm != torch.arange(n)).all()) and bool((perm[perm] != torch.arange(n)).all()):
+                return perm
+        elif not torch.equal(perm[perm] if inverse_differs else perm, torch.arange(n)):
             return perm
+
+
+def degenerate(case: Case) -> Case:
+    """``case`` marked as degenerate (``credit=False``): its inputs hide what a known mistake of the part gets
+    wrong (one key, a single token, no mask, beta = 0, d_k = 1, an empty cache), so that mistake passes it. It
+    must still pass for full marks, but earns nothing on its own (issue 43's rule)."""
+    return dataclasses.replace(case, credit=False)
 
 
 def call_function(obj: Callable[..., Any], case: Case) -> Any:

@@ -2,9 +2,12 @@
 
 Whatever the learner's function returns is converted by :func:`to_wire` (in the learner's process) into
 plain ``torch.Tensor`` objects, Python numbers, strings, ``None`` and lists, tuples and dicts of these.
-The grader reads the result files with ``torch.load(weights_only=True)``, which refuses any other type, so
-a learner cannot smuggle code into the grader through an output. The notebook check converts outputs the
-same way, so both see identical values.
+The worker sends a part's outcomes in this module's own byte format (:func:`encode`), and the grader reads
+them with :func:`decode`: a reader of exactly these types and nothing else (no unpickler, no zip), with
+limits on the structure (nesting, items, values, string and tensor sizes) checked before anything is
+built, in time linear in the bytes that came. A learner who writes other bytes to the channel gets
+"not the grader's format", and cannot make the grader's process run code or spend more than that. The
+notebook check converts outputs the same way, so both see identical values.
 
 The outcome of one call is a small dict (:func:`ok`, :func:`error`, :data:`NOT_IMPLEMENTED`), and
 :func:`describe` turns any wire value into words for feedback messages.
@@ -12,6 +15,7 @@ The outcome of one call is a small dict (:func:`ok`, :func:`error`, :data:`NOT_I
 
 from __future__ import annotations
 
+import struct
 import sys
 from typing import Any
 
@@ -20,7 +24,10 @@ import torch
 __all__ = [
     "MAX_ELEMENTS",
     "NOT_IMPLEMENTED",
+    "WireFormatError",
+    "decode",
     "describe",
+    "encode",
     "error",
     "is_wire",
     "ok",
@@ -77,10 +84,13 @@ def to_wire(obj: Any, _depth: int = 0) -> Any:
     if _depth > _MAX_DEPTH:
         raise ValueError(f"output is nested more than {_MAX_DEPTH} levels deep")
     if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided or obj.dtype not in _DTYPE_CODES:
+            return {_UNSUPPORTED: f"torch.Tensor ({obj.layout}, {obj.dtype})"}
         if obj.numel() > MAX_ELEMENTS:
             raise ValueError(f"output tensor has {obj.numel()} elements, more than the {MAX_ELEMENTS} allowed")
         # A plain, contiguous, CPU copy: no subclass, no autograd graph, no shared storage with learner code.
-        return obj.detach().as_subclass(torch.Tensor).to("cpu").clone().contiguous()
+        plain = obj.detach().as_subclass(torch.Tensor).to("cpu").resolve_conj().resolve_neg()
+        return plain.clone(memory_format=torch.contiguous_format).contiguous()
     if obj is None or type(obj) in (bool, int, float, str):
         return obj[:_MAX_STRING] if isinstance(obj, str) else obj
     if isinstance(obj, bool):
@@ -220,3 +230,161 @@ def describe(value: Any) -> str:
         return f"a {kind} of {len(value)} item{'s' if len(value) != 1 else ''}"
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+# --- the byte format of a part's outcomes (worker -> grader) ---------------------------------------------
+#: Tensor dtypes the wire carries, with their one-byte codes (an output of another dtype is "unsupported").
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
+           torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
+_MAGIC = b"ACW1"
+_MAX_INT_DIGITS = 1_000
+_MAX_STRING_BYTES = 4 * _MAX_STRING * 2  # UTF-8 of the longest string is_wire accepts
+_MAX_DIMS = 16
+
+
+class WireFormatError(ValueError):
+    """Bytes that are not outcomes in the wire format, or that break one of its limits."""
+
+
+def encode(value: Any) -> bytes:
+    """``value`` (already in wire form, see :func:`to_wire`) as bytes for :func:`decode`.
+
+    Raises:
+        WireFormatError: a value that is not wire data (it was not converted by :func:`to_wire`).
+    """
+    chunks: list[bytes] = [_MAGIC]
+
+    def put(obj: Any, depth: int) -> None:
+        if depth > _MAX_DEPTH + 2:
+            raise WireFormatError("nested too deeply")
+        if obj is None:
+            chunks.append(b"N")
+        elif obj is True or obj is False:
+            chunks.append(b"T" if obj else b"F")
+        elif type(obj) is int:
+            text = str(obj).encode() if abs(obj) < 10**_MAX_INT_DIGITS else None
+            if text is None:
+                put({_UNSUPPORTED: "int (more than 1,000 digits)"}, depth)
+                return
+            chunks.extend([b"i", struct.pack("<H", len(text)), text])
+        elif type(obj) is float:
+            chunks.extend([b"f", struct.pack("<d", obj)])
+        elif type(obj) is str:
+            text = obj.encode("utf-8", errors="replace")[:_MAX_STRING_BYTES]
+            chunks.extend([b"s", struct.pack("<I", len(text)), text])
+        elif type(obj) in (list, tuple):
+            chunks.extend([b"l" if type(obj) is list else b"t", struct.pack("<I", len(obj))])
+            for item in obj:
+                put(item, depth + 1)
+        elif type(obj) is dict:
+            chunks.extend([b"d", struct.pack("<I", len(obj))])
+            for key, item in obj.items():
+                if type(key) is not str:
+                    raise WireFormatError("a dict key that is not a string")
+                text = key.encode("utf-8", errors="replace")[:_MAX_STRING_BYTES]
+                chunks.extend([struct.pack("<I", len(text)), text])
+                put(item, depth + 1)
+        elif type(obj) is torch.Tensor and obj.dtype in _DTYPE_CODES and obj.layout == torch.strided:
+            plain = obj.detach().resolve_conj().resolve_neg().contiguous()
+            chunks.extend([b"X", struct.pack("<BBB", _DTYPE_CODES[plain.dtype], int(plain.requires_grad),
+                                             plain.dim()), struct.pack(f"<{plain.dim()}Q", *plain.shape)])
+            chunks.append(plain.reshape(-1).view(torch.uint8).numpy().tobytes() if plain.numel() else b"")
+        else:
+            raise WireFormatError(f"{type(obj).__name__} is not a wire type")
+
+    put(value, 0)
+    return b"".join(chunks)
+
+
+def decode(data: bytes, max_nodes: int = _MAX_NODES) -> Any:
+    """The value :func:`encode` wrote into ``data``, read by a parser of only the wire's own types: ``None``,
+    booleans, ints of at most 1,000 digits, floats, strings, lists, tuples, dicts with string keys, and
+    dense tensors of the wire's dtypes. Every limit is checked before anything is built: nesting (10
+    levels), items per container (1,001), values in all (``max_nodes``), string bytes, tensor elements
+    (:data:`MAX_ELEMENTS`, and the bytes they claim must be there). The work is linear in ``len(data)``.
+
+    Raises:
+        WireFormatError: anything else, with what was wrong.
+    """
+    view = memoryview(data)
+    if bytes(view[:4]) != _MAGIC:
+        raise WireFormatError("not the grader's wire format")
+    position = 4
+    nodes = 0
+
+    def take(size: int) -> memoryview:
+        nonlocal position
+        if size < 0 or position + size > len(view):
+            raise WireFormatError("ends early (a size claims more bytes than came)")
+        chunk = view[position:position + size]
+        position += size
+        return chunk
+
+    def text(size_format: str, limit: int) -> str:
+        (size,) = struct.unpack(size_format, take(struct.calcsize(size_format)))
+        if size > limit:
+            raise WireFormatError(f"a string of {size:,} bytes (the limit is {limit:,})")
+        return bytes(take(size)).decode("utf-8", errors="replace")
+
+    def count() -> int:
+        (size,) = struct.unpack("<I", take(4))
+        if size > _MAX_ITEMS + 1:
+            raise WireFormatError(f"a container of {size:,} items (the limit is {_MAX_ITEMS + 1:,})")
+        return size
+
+    def get(depth: int) -> Any:
+        nonlocal nodes
+        nodes += 1
+        if nodes > max_nodes:
+            raise WireFormatError(f"more than {max_nodes:,} values")
+        if depth > _MAX_DEPTH + 1:
+            raise WireFormatError(f"nested more than {_MAX_DEPTH + 1} levels")
+        tag = bytes(take(1))
+        if tag == b"N":
+            return None
+        if tag in (b"T", b"F"):
+            return tag == b"T"
+        if tag == b"i":
+            digits = text("<H", _MAX_INT_DIGITS + 1)
+            if not digits or not (digits.lstrip("-").isdigit() and digits.isascii()):
+                raise WireFormatError("an int that is not a decimal number")
+            return int(digits)
+        if tag == b"f":
+            return struct.unpack("<d", take(8))[0]
+        if tag == b"s":
+            return text("<I", _MAX_STRING_BYTES)
+        if tag in (b"l", b"t"):
+            items = [get(depth + 1) for _ in range(count())]
+            return items if tag == b"l" else tuple(items)
+        if tag == b"d":
+            found: dict[str, Any] = {}
+            for _ in range(count()):
+                key = text("<I", _MAX_STRING_BYTES)
+                found[key] = get(depth + 1)
+            return found
+        if tag == b"X":
+            code, grad, dims = struct.unpack("<BBB", take(3))
+            if code >= len(_DTYPES) or grad > 1 or dims > _MAX_DIMS:
+                raise WireFormatError("a tensor of an unknown dtype or too many dimensions")
+            shape = struct.unpack(f"<{dims}Q", take(8 * dims))
+            numel = 1
+            for size in shape:
+                numel *= size
+                if numel > MAX_ELEMENTS:
+                    raise WireFormatError(f"a tensor of more than {MAX_ELEMENTS:,} elements")
+            dtype = _DTYPES[code]
+            size = numel * torch.empty((), dtype=dtype).element_size()
+            raw = take(size)
+            if numel == 0:
+                return torch.empty(shape, dtype=dtype)
+            return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+        raise WireFormatError("an unknown type tag")
+
+    try:
+        value = get(0)
+    except struct.error as exc:
+        raise WireFormatError("ends early") from exc
+    if position != len(view):
+        raise WireFormatError("holds bytes after its value")
+    return value

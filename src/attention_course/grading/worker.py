@@ -10,9 +10,10 @@ job, so that importing torch overlaps with other work. The worker then:
    and says ``ready`` on its channel (a pipe the grader reads, see :mod:`attention_course.grading.channel`);
 3. reads the job (pickled by the grader) from stdin: the exercise's trusted preamble, the learner's graded
    cells and each part's cases (inputs only: references stay in the grader);
-4. installs the library rule at run time (``attention_course.grading.import_guard``): the course
-   package pruned to what the parts' ``run`` functions need, its names hidden or gated per part,
-   ``sys.modules`` scrubbed, and an audit hook that refuses every other route to it;
+4. installs the library rule at run time (``attention_course.grading.import_guard``, defence in depth):
+   the course package pruned to what the parts' ``run`` functions need, the names this job's allowance
+   (one for all its parts: the grader groups parts by allowance) does not include hidden, ``sys.modules``
+   scrubbed, and an audit hook that refuses the other routes to it;
 5. runs the preamble and the cells in notebook order in one namespace (errors are recorded, not fatal),
    then calls each part's ``run`` on its cases and sends the wire-form outcomes.
 
@@ -29,7 +30,6 @@ the solutions, the grades or the network.
 from __future__ import annotations
 
 import builtins
-import io
 import json
 import os
 import pickle
@@ -55,8 +55,8 @@ class Job:
         file_size_limit: unused (kept for compatibility; the sandbox's limits apply).
         output_limit: bytes of output allowed; past it the worker stops before its next step (None: no
             limit of its own, the grader's watch only).
-        allowed: names of the course library (``attention_course.<name>``) the learner's code may use;
-            ``None``: no restriction.
+        allowed: names of the course library (``attention_course.<name>``) the learner's code may use, the
+            same for every part of the job; ``None``: no restriction.
     """
 
     exercise_id: str
@@ -228,25 +228,22 @@ def run_job(job: Job, say: _Channel) -> int:
     import functools
     import resource
 
-    import torch
-
     from attention_course.grading.exercises import get_exercise
     from attention_course.grading.import_guard import guard_library
-    from attention_course.grading.library_rules import part_table
+    from attention_course.grading.wire import encode, outcome_of_call
     from attention_course.grading.wire import error as wire_error
-    from attention_course.grading.wire import outcome_of_call
 
     say.output_limit = job.output_limit
     say("start", pid=os.getpid())
     exercise = get_exercise(job.exercise_id)
     parts = {name: exercise.part(name) for name, _ in job.parts}
     runs = {name: (part.run, part.function) for name, part in parts.items()}
-    save = torch.save  # the learner's code may replace torch.save; the worker keeps its own
+    # The worker's own reference, taken before any learner code runs (the grader reads only this format).
+    encode_outcomes = encode
     trusted = None
     guard = None
-    if job.allowed is not None:
-        table = {part: names & job.allowed for part, names in part_table(job.exercise_id).items()}
-        guard = guard_library(job.exercise_id, table, [list(runs.values()), job.parts])
+    if job.allowed is not None:  # one allowance for every part of this job (the grader groups them)
+        guard = guard_library(job.exercise_id, frozenset(job.allowed), [list(runs.values()), job.parts])
         trusted = guard.trusted
     del exercise, parts
     namespace = _namespace()
@@ -256,12 +253,8 @@ def run_job(job: Job, say: _Channel) -> int:
 
     for index, part_name, source in job.cells:
         say("cell", cell=index, part=part_name)
-        if guard is not None:
-            guard.set_part(part_name)
         outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"),
                                   trusted)
-        if guard is not None:
-            guard.set_part(None)
         if outcome["status"] == "error":
             say("cell_error", cell=index, part=part_name, type=outcome["type"], message=outcome["message"],
                 where=outcome["where"])
@@ -273,17 +266,17 @@ def run_job(job: Job, say: _Channel) -> int:
         if obj is None:
             say("missing", part=part_name)
             continue
-        if guard is not None:
-            guard.set_part(part_name)
         outcomes = [outcome_of_call(functools.partial(run, obj, case), trusted) for case in cases]
         if guard is not None:
-            guard.set_part(None)
             if not guard.intact():
                 outcomes = [wire_error("PermissionError", "your code brought back a course-library module the "
                                        "grader had removed (sys.modules)") for _ in cases]
-        buffer = io.BytesIO()
-        save(outcomes, buffer)
-        say("part_done", blob=buffer.getvalue(), part=part_name)
+        try:
+            blob = encode_outcomes(outcomes)
+        except Exception as exc:  # the learner's code broke the encoder's tools: this part's own loss
+            blob = encode_outcomes([wire_error("RuntimeError", f"your results could not be sent ({exc})"[:300])
+                                    for _ in cases])
+        say("part_done", blob=blob, part=part_name)
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     say("done", cpu=float(usage.ru_utime + usage.ru_stime))  # start-up included; for benchmarks only

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
+
 __all__ = ["IGNORE_INDEX", "HeadsTaskBatch", "num_classes", "previous_plus_marked", "token_labels", "vocab_size"]
 
 #: Target value for positions without a defined answer (position 0); ``F.cross_entropy`` ignores it.
@@ -48,20 +50,15 @@ class HeadsTaskBatch(NamedTuple):
     digits: Tensor
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
 def vocab_size(num_digits: int) -> int:
     """Number of token ids: each digit, plain and marked."""
-    _check_int("num_digits", num_digits, 2)
+    check_int("num_digits", num_digits, 2)
     return 2 * num_digits
 
 
 def num_classes(num_digits: int) -> int:
     """Number of target classes: the sums ``0 .. 2 * (num_digits - 1)``."""
-    _check_int("num_digits", num_digits, 2)
+    check_int("num_digits", num_digits, 2)
     return 2 * num_digits - 1
 
 
@@ -88,9 +85,9 @@ def previous_plus_marked(
     Raises:
         ValueError: an argument is not an int in its allowed range.
     """
-    _check_int("batch_size", batch_size, 1)
-    _check_int("length", length, 2)
-    _check_int("num_digits", num_digits, 2)
+    check_int("batch_size", batch_size, 1)
+    check_int("length", length, 2)
+    check_int("num_digits", num_digits, 2)
     digits = torch.randint(num_digits, (batch_size, length), generator=generator)  # (B, L)
     marked = torch.randint(length, (batch_size,), generator=generator)  # (B,)
     rows = torch.arange(batch_size)

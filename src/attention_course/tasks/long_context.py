@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
 from attention_course.tasks.positions import IGNORE_INDEX
 
 __all__ = ["IGNORE_INDEX", "SIGNALS", "VOCAB", "SignalBatch", "answer_distance", "far_signal_batch",
@@ -39,11 +40,6 @@ class SignalBatch(NamedTuple):
 
     tokens: Tensor
     targets: Tensor
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _latest_index(tokens: Tensor) -> Tensor:
@@ -76,8 +72,8 @@ def recent_signal_batch(batch: int, length: int, generator: torch.Generator | No
     Raises:
         ValueError: ``batch`` or ``length`` below 1, or ``signal_rate`` outside ``(0, 1]``.
     """
-    _check_int("batch", batch, 1)
-    _check_int("length", length, 1)
+    check_int("batch", batch, 1)
+    check_int("length", length, 1)
     if not 0 < signal_rate <= 1:
         raise ValueError(f"signal_rate must be in (0, 1], got {signal_rate!r}")
     is_signal = torch.rand(batch, length, generator=generator) < signal_rate
@@ -94,9 +90,9 @@ def far_signal_batch(batch: int, length: int, generator: torch.Generator | None 
     Raises:
         ValueError: ``batch`` below 1, ``first`` below 1, or ``length`` below ``first``.
     """
-    _check_int("batch", batch, 1)
-    _check_int("first", first, 1)
-    _check_int("length", length, first)
+    check_int("batch", batch, 1)
+    check_int("first", first, 1)
+    check_int("length", length, first)
     tokens = torch.randint(SIGNALS, VOCAB, (batch, length), generator=generator)
     where = torch.randint(0, first, (batch,), generator=generator)
     tokens[torch.arange(batch), where] = torch.randint(0, SIGNALS, (batch,), generator=generator)
@@ -109,7 +105,7 @@ def recency_baseline(tokens: Tensor, window: int) -> Tensor:
     Predicts the latest signal within the last ``window`` positions (the position itself included), and
     signal 0 where the window holds none, so it scores chance, ``1 / SIGNALS``, on answers further back.
     """
-    _check_int("window", window, 1)
+    check_int("window", window, 1)
     distance = answer_distance(tokens)
     targets = latest_signal_targets(tokens)
     seen = (distance >= 0) & (distance < window)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
 from attention_course.tasks.sequences import BOS, EOS, PAD
 from attention_course.vocabulary import Vocabulary
 
@@ -210,8 +211,7 @@ def make_phrase_split(
         ``(train, test)``, two :class:`PhraseTask` with no English sentence in common.
     """
     for name, value in (("num_train", num_train), ("num_test", num_test)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     excluded = set(exclude)
     sentences = all_english_sentences()
     unknown = sorted(excluded - set(sentences))

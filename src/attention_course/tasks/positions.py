@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
+
 __all__ = ["IGNORE_INDEX", "ShiftBatch", "accuracy_by_position", "shifted_copy"]
 
 #: Target value for positions without an answer; ``torch.nn.functional.cross_entropy`` ignores it.
@@ -39,11 +41,6 @@ class ShiftBatch(NamedTuple):
 
     tokens: Tensor
     targets: Tensor
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def shifted_copy(
@@ -71,10 +68,10 @@ def shifted_copy(
     Raises:
         ValueError: an argument is not an int in its allowed range, or ``length <= shift``.
     """
-    _check_int("batch_size", batch_size, 1)
-    _check_int("vocab_size", vocab_size, 2)
-    _check_int("shift", shift, 1)
-    _check_int("length", length, 1)
+    check_int("batch_size", batch_size, 1)
+    check_int("vocab_size", vocab_size, 2)
+    check_int("shift", shift, 1)
+    check_int("length", length, 1)
     if length <= shift:
         raise ValueError(f"length={length} must exceed shift={shift}, or no position has a target")
     tokens = torch.randint(vocab_size, (batch_size, length), generator=generator)  # (B, L)

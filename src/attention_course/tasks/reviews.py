@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
 from attention_course.vocabulary import CLS, PAD, UNK, Vocabulary
 
 __all__ = [
@@ -254,8 +255,7 @@ def generate_reviews(num: int, seed: int = 0, *, exclude: Iterable[str] = (), **
         exclude: review texts that must not be produced (e.g. the training set, to build a held-out set).
         **probabilities: passed to :func:`generate_review`.
     """
-    if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-        raise ValueError(f"num must be a positive int, got {num!r}")
+    check_int("num", num)
     rng = random.Random(seed)
     seen = set(exclude)
     reviews: list[Review] = []

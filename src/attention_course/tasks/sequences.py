@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
+
 __all__ = ["BOS", "EOS", "PAD", "NUM_SPECIAL", "SequenceTask", "decode", "make_sequence_task"]
 
 #: The padding id, which fills sequences up to the batch's length; the loss ignores it.
@@ -84,8 +86,7 @@ def make_sequence_task(
     """
     for name, value in (("num_examples", num_examples), ("min_len", min_len), ("max_len", max_len),
                         ("num_symbols", num_symbols)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     if min_len > max_len:
         raise ValueError(f"min_len must be <= max_len, got min_len={min_len} and max_len={max_len}")
     if task not in TASKS:

@@ -37,6 +37,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attention_course.checks import check_int
+
 __all__ = ["StdlibCorpus", "load_stdlib_corpus", "stdlib_directory"]
 
 #: Name prefixes of top-level files that are not modules written as text: import-system test fixtures and the
@@ -141,8 +143,7 @@ def load_stdlib_corpus(
     """
     for name, value in (("max_train_chars", max_train_chars), ("max_valid_chars", max_valid_chars),
                         ("max_file_chars", max_file_chars), ("valid_every", valid_every)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     if not isinstance(packages, bool):
         raise TypeError(f"packages must be a bool, got {type(packages).__name__} {packages!r}")
     root = Path(directory) if directory is not None else stdlib_directory()

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from attention_course.checks import check_int
 from attention_course.vocabulary import Vocabulary as SharedVocabulary
 
 __all__ = [
@@ -387,12 +388,12 @@ def make_translation_data(
             combination; each validation (test) sentence contains at least one validation (test) combination.
 
     Raises:
-        ValueError: a size is not a positive int, or more distinct sentences are asked for than the grammar
-            can make in a reasonable number of draws.
+        TypeError: a size or the seed is not an int.
+        ValueError: a size is less than 1, or more distinct sentences are asked for than the grammar can make
+            in a reasonable number of draws.
     """
     for name, value in (("num_train", num_train), ("num_valid", num_valid), ("num_test", num_test)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}")
     rng = random.Random(seed)
@@ -469,8 +470,7 @@ def batches(
     if src.dim() != 2 or tgt.dim() != 2 or src.size(0) != tgt.size(0):
         raise ValueError(f"src and tgt must be (N, L) tensors with the same N, got {tuple(src.shape)} and "
                          f"{tuple(tgt.shape)}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int("batch_size", batch_size)
     order = torch.randperm(src.size(0), generator=generator) if shuffle else torch.arange(src.size(0))
     for start in range(0, src.size(0), batch_size):
         index = order[start : start + batch_size]

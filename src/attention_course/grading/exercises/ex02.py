@@ -22,6 +22,7 @@ from attention_course.grading.spec import (
     Exercise,
     Mistake,
     Part,
+    degenerate,
     diagnose,
     pair_problem,
     permutation,
@@ -82,7 +83,7 @@ def _soft_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("scores (5, 8), beta = 1", (randn(g, 5, 8),), {"beta": 1.0}),
         Case("scores (2, 3, 6), beta = 2.5", (randn(g, 2, 3, 6),), {"beta": 2.5}),
-        Case("a vector of 7 scores, beta = 0.5", (randn(g, 7),), {"beta": 0.5}),
+        degenerate(Case("a vector of 7 scores, beta = 0.5", (randn(g, 7),), {"beta": 0.5})),
         Case("beta = 0 gives uniform weights", (randn(g, 4, 5),), {"beta": 0.0}),
         Case("beta = 50 is close to hard attention", (randn(g, 4, 6, scale=3.0),), {"beta": 50.0},
              {"stability": True}),
@@ -119,8 +120,8 @@ def _pooling_cases(g: torch.Generator) -> list[Case]:
         Case("X (6, 4) and weights (3, 6)", (randn(g, 6, 4), soft(3, 6))),
         Case("a batch: X (2, 5, 3) and weights (2, 4, 5)", (randn(g, 2, 5, 3), soft(2, 4, 5))),
         Case("one-hot weights pick rows of X", (randn(g, 5, 2), one_hot), data={"picks": one_hot_keys}),
-        Case("uniform weights give the mean of the rows", (randn(g, 4, 3), torch.full((2, 4), 0.25)),
-             data={"mean": True}),
+        degenerate(Case("uniform weights give the mean of the rows", (randn(g, 4, 3), torch.full((2, 4), 0.25)),
+             data={"mean": True})),
     ]
 
 
@@ -142,13 +143,17 @@ _POOLING = Check(reference=lambda v: torch.matmul(v.x[1], v.x[0]), outputs=(Out(
 # --- part 4: self-attention without projections --------------------------------------------------------
 def _self_attention_cases(g: torch.Generator) -> list[Case]:
     permuted = randn(g, 5, 3)
+    large = randn(g, 4, 3, scale=100.0)
+    # Row 1 is twice row 0, so both rows' largest scores are in the same column: the weights are not symmetric,
+    # and a softmax over the queries (columns) differs from the right one on every draw.
+    large[1] = 2.0 * large[0]
     return [
         Case("X (4, 3), beta = 1", (randn(g, 4, 3),), {"beta": 1.0}),
         Case("a batch: X (2, 5, 4), beta = 0.5", (randn(g, 2, 5, 4),), {"beta": 0.5}),
-        Case("beta = 0: every output row is the mean of X", (randn(g, 6, 2),), {"beta": 0.0}),
-        Case("large inputs: |x| about 100, scores about 1e4", (randn(g, 4, 3, scale=100.0),), {"beta": 1.0},
+        degenerate(Case("beta = 0: every output row is the mean of X", (randn(g, 6, 2),), {"beta": 0.0})),
+        Case("large inputs: |x| about 100, scores about 1e4", (large,), {"beta": 1.0},
              {"stability": True}),
-        Case("a single token, X (1, 5)", (randn(g, 1, 5),), {"beta": 1.0}),
+        degenerate(Case("a single token, X (1, 5)", (randn(g, 1, 5),), {"beta": 1.0})),
         Case("permuting the rows of X permutes the output", (permuted,), {"beta": 1.0},
              {"perm": permutation(g, 5, inverse_differs=True)}),
     ]
@@ -214,7 +219,13 @@ def _centre_rows(X: torch.Tensor) -> torch.Tensor:
 
 def _equivariance_cases(g: torch.Generator) -> list[Case]:
     def case(name: str, f: Any, t: int, d: int) -> Case:
-        return Case(name, (f, randn(g, t, d), permutation(g, t, inverse_differs=True)))
+        # Drawn again until the gap taken with the inverse permutation is another number (for an equivariant f
+        # both are 0, so there p(i) differs from p⁻¹(i) on every row instead): that mistake fails on every draw.
+        while True:
+            X, perm = randn(g, t, d), permutation(g, t, everywhere=True)
+            right, inverse = _gap(f, X, perm, perm), _gap(f, X, perm, torch.argsort(perm))
+            if right < 1e-3 or abs(right - inverse) > 0.05 * (1.0 + right):
+                return Case(name, (f, X, perm))
 
     return [
         case("f = self-attention (equivariant)", _self_attention_map, 5, 3),

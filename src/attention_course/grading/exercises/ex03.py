@@ -20,7 +20,7 @@ from attention_course.additive import AdditiveAttention
 from attention_course.grading.compare import close_problem, f64, fmt, row_name
 from attention_course.grading.declare import Check, Out, View, distribution
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, degenerate, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -42,17 +42,37 @@ def _scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 # --- part 1: the hard lookup -----------------------------------------------------------------------------
+def _far_and_near(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``inputs`` with the first query (of each batch item) of length 1, key 0 three times it (score 3) and key 1
+    the query plus 1% (score 1.01, and the nearest key by far: distance 0.01): the best score is never key 1's,
+    so a lookup by distance, not by score, picks another key on every draw."""
+    query, keys, values = inputs
+    query = query / query[..., :1, :].norm(dim=-1, keepdim=True)  # the first query has length 1
+    keys = keys.clone()
+    keys[..., 0, :] = 3.0 * query[..., 0, :]
+    keys[..., 1, :] = 1.01 * query[..., 0, :]
+    return query, keys, values
+
+
 def _hard_cases(g: torch.Generator) -> list[Case]:
+    tied_queries = _randint(g, 4, 3, low=1, high=3)
+    tied_queries[0] = 1.0  # (1, 1, 1): key 0 (equal to it) is the nearest, keys 1 and 4 score highest
     tied_keys = _randint(g, 6, 3, low=-2, high=2)
     tied_keys[1] = tied_keys[4] = 2.0  # equal keys, and the best ones for the positive queries below
+    tied_keys[0] = 1.0
+    negative_queries, negative_keys = randn(g, 3, 2).abs() + 0.5, -(randn(g, 5, 2).abs() + 0.5)
+    # For the first query (3, 0.5): key 0 scores highest (-1.03; the others score below -1.75) but key 1 is
+    # nearer (distance^2 13.25 against 15.3, the others' at least 13.25 plus their excess over (0.5, 0.5)).
+    negative_queries[0] = torch.tensor([3.0, 0.5])
+    negative_keys[0], negative_keys[1] = torch.tensor([-0.01, -2.0]), torch.tensor([-0.5, -0.5])
     return [
-        Case("one query (1, 4), 6 keys, values of width 3", _qkv(g, 1, 6, 4, 3)),
-        Case("5 queries, 8 keys (d_k = 3), values of width 5", _qkv(g, 5, 8, 3, 5)),
-        Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)", _qkv(g, 4, 6, 3, 2, batch=(2,))),
-        Case("keys 1 and 4 are equal: on a tie the first key wins",
-             (_randint(g, 4, 3, low=1, high=3), tied_keys, randn(g, 6, 2))),
-        Case("every score negative", (randn(g, 3, 2).abs() + 0.5, -(randn(g, 5, 2).abs() + 0.5), randn(g, 5, 3))),
-        Case("a single key: every query gets its value", _qkv(g, 3, 1, 4, 6)),
+        Case("one query (1, 4), 6 keys, values of width 3", _far_and_near(_qkv(g, 1, 6, 4, 3))),
+        Case("5 queries, 8 keys (d_k = 3), values of width 5", _far_and_near(_qkv(g, 5, 8, 3, 5))),
+        Case("a batch: queries (2, 4, 3), keys (2, 6, 3), values (2, 6, 2)",
+             _far_and_near(_qkv(g, 4, 6, 3, 2, batch=(2,)))),
+        Case("keys 1 and 4 are equal: on a tie the first key wins", (tied_queries, tied_keys, randn(g, 6, 2))),
+        Case("every score negative", (negative_queries, negative_keys, randn(g, 5, 3))),
+        degenerate(Case("a single key: every query gets its value", _qkv(g, 3, 1, 4, 6))),
     ]
 
 
@@ -83,6 +103,20 @@ _HARD = Check(reference=_hard_reference, outputs=(Out("output"),), after=(_hard_
 
 
 # --- part 2: the soft lookup -----------------------------------------------------------------------------
+def _near_pair(inputs: tuple[torch.Tensor, ...], gap: float = 0.05) -> tuple[torch.Tensor, ...]:
+    """``inputs`` with the first query (of each batch item) of length 1, key 0 scoring 6 with it and key 1 scoring
+    6 + ``gap``: the best two keys (the other keys are N(0, 1), so their scores are N(0, 1) too and exceed 6 with
+    probability 1e-9), a narrow gap apart. With beta = 40 a scale of 1/sqrt(d_k) on top moves their weights by
+    more than 0.1, and exp(40 * 6) overflows: the mistakes a near-hard softmax exposes show on every draw."""
+    query, keys, values = inputs
+    query = query.clone()
+    query[..., 0, :] = query[..., 0, :] / query[..., 0, :].norm(dim=-1, keepdim=True)
+    keys = keys.clone()
+    keys[..., 0, :] = 6.0 * query[..., 0, :]
+    keys[..., 1, :] = (6.0 + gap) * query[..., 0, :]
+    return query, keys, values
+
+
 def _soft_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("3 queries, 5 keys (d_k = 4), values of width 2, beta = 1", _qkv(g, 3, 5, 4, 2), {"beta": 1.0}),
@@ -90,11 +124,12 @@ def _soft_cases(g: torch.Generator) -> list[Case]:
              {"beta": 1.0}),
         Case("a batch: queries (2, 3, 4), keys (2, 7, 4), values (2, 7, 5), beta = 0.5",
              _qkv(g, 3, 7, 4, 5, batch=(2,)), {"beta": 0.5}),
-        Case("beta = 0: every query gets the mean of the values", _qkv(g, 2, 4, 3, 2), {"beta": 0.0}),
-        Case("beta = 40: close to the hard lookup", _qkv(g, 3, 6, 3, 4), {"beta": 40.0}, {"stability": True}),
+        degenerate(Case("beta = 0: every query gets the mean of the values", _qkv(g, 2, 4, 3, 2), {"beta": 0.0})),
+        Case("beta = 40: close to the hard lookup", _near_pair(_qkv(g, 3, 6, 3, 4)), {"beta": 40.0},
+             {"stability": True}),
         Case("scores around 1e4 (overflow test)", _qkv(g, 2, 5, 2, 3, scale=100.0), {"beta": 1.0},
              {"stability": True}),
-        Case("a single key", _qkv(g, 3, 1, 4, 2), {"beta": 2.0}),
+        degenerate(Case("a single key", _qkv(g, 3, 1, 4, 2), {"beta": 2.0})),
     ]
 
 
@@ -186,8 +221,11 @@ def _limit_cases(g: torch.Generator) -> list[Case]:
     others = 0.2 * randn(g, 2, 3, dtype=torch.float64).abs()
     # Keys 1 and 2 point the same way and key 2 is longer by one part in 1e9: the limit is one-hot on key 2.
     near_keys = torch.stack([others[0], base, base * (1 + 1e-9), others[1]])
+    many_ties = (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), randn(g, 2, 4, 3))
+    many_ties[0][:, 0] = 1.0  # the first query (1, 1) of each batch item: keys 1 and 2, (2, 2), tie for the best
+    many_ties[1][:, 1:3] = 2.0
     return [
-        Case("4 queries, 6 keys: unique best keys", _qkv(g, 4, 6, 3, 2)),
+        Case("4 queries, 6 keys: unique best keys", _near_pair(_qkv(g, 4, 6, 3, 2), gap=1e-3)),
         Case("keys 0 and 3 are equal: tied best keys share the weight",
              (_randint(g, 6, 2, low=0, high=4), duplicated, randn(g, 5, 3)), data={"ties": True}),
         Case("every key equal: the limit is the mean of the values",
@@ -195,7 +233,7 @@ def _limit_cases(g: torch.Generator) -> list[Case]:
         Case("a near tie: key 2 scores higher than key 1 by one part in 1e9 (float64)",
              (base.unsqueeze(0), near_keys, randn(g, 4, 2, dtype=torch.float64)), data={"near": True}),
         Case("a batch: queries (2, 3, 2), keys (2, 4, 2) of small integers (many ties)",
-             (_randint(g, 2, 3, 2), _randint(g, 2, 4, 2), randn(g, 2, 4, 3)), data={"ties": True}),
+             many_ties, data={"ties": True}),
         Case("scores around 1e4", _qkv(g, 3, 5, 2, 2, scale=100.0)),
     ]
 

@@ -21,6 +21,7 @@ from attention_course.grading.spec import (
     Mistake,
     Part,
     call_expecting_error,
+    degenerate,
     permutation,
     preamble,
     randn,
@@ -143,10 +144,10 @@ def _one_query_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("q (4,), K (5, 4), V (5, 3)", (randn(g, 4), randn(g, 5, 4), randn(g, 5, 3))),
         Case("d_k = 64: the scores need the factor 1/sqrt(d_k)", (randn(g, 64), randn(g, 6, 64), randn(g, 6, 2))),
-        Case("a single key: its weight is 1 and the output is its value",
-             (randn(g, 3), randn(g, 1, 3), randn(g, 1, 4))),
-        Case("all keys equal: uniform weights, the output is the mean value",
-             (randn(g, 3), same_key, randn(g, 4, 5)), data={"uniform": True}),
+        degenerate(Case("a single key: its weight is 1 and the output is its value",
+             (randn(g, 3), randn(g, 1, 3), randn(g, 1, 4)))),
+        degenerate(Case("all keys equal: uniform weights, the output is the mean value",
+             (randn(g, 3), same_key, randn(g, 4, 5)), data={"uniform": True})),
         Case("large scores (about 1e4): no overflow", (randn(g, 4, scale=80.0), randn(g, 5, 4, scale=80.0),
                                                        randn(g, 5, 2))),
     ]
@@ -215,7 +216,7 @@ def _cross_cases(g: torch.Generator) -> list[Case]:
         return Case(name, (X_q, X_kv, *weights), data=data or {})
 
     return [
-        case("self-attention: X_q = X_kv, (5, 6)", (), 5, 5, 6, 6, 4, 4, same=True),
+        degenerate(case("self-attention: X_q = X_kv, (5, 6)", (), 5, 5, 6, 6, 4, 4, same=True)),
         case("cross-attention: 3 target queries, 7 source tokens, width 6", (), 3, 7, 6, 6, 4, 5),
         case("decoder width 6, encoder width 10: W_Q (6, 4), W_K (10, 4), W_V (10, 3)", (), 4, 6, 6, 10, 4, 3),
         case("a batch: X_q (2, 5, 8), X_kv (2, 3, 8)", (2,), 5, 3, 8, 8, 8, 8),

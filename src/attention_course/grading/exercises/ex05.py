@@ -18,7 +18,17 @@ import torch
 from attention_course.grading.compare import f64, finite_problem, fmt, matches, row_name, tensor_problem, tuple_problem
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_function,
+    degenerate,
+    preamble,
+    randn,
+    with_texts,
+)
 
 PREAMBLE = preamble()
 
@@ -67,7 +77,7 @@ def _scores_cases(g: torch.Generator) -> list[Case]:
              (randn(g, 2, 3, 5, 16), randn(g, 2, 3, 7, 16))),
         Case("unit-variance Q and K with d_k = 256: the scaled scores have variance about 1",
              (randn(g, 64, 256), randn(g, 64, 256)), data={"variance": True}),
-        Case("d_k = 1", (randn(g, 3, 1), randn(g, 4, 1))),
+        degenerate(Case("d_k = 1", (randn(g, 3, 1), randn(g, 4, 1)))),
     ]
 
 
@@ -130,7 +140,7 @@ def _masked_softmax_cases(g: torch.Generator) -> list[Case]:
              (randn(g, 2, 5, 5), _causal(5) & left_pad[:, 0]), data={"empty": True}),
         Case("scores around 1e4 (stability)", (1e4 + randn(g, 3, 6), _random_mask(g, 3, 6))),
         Case("float64 scores keep their dtype", (randn(g, 3, 4, dtype=torch.float64), _random_mask(g, 3, 4))),
-        Case("mask=None: a plain softmax", (randn(g, 3, 5), None)),
+        degenerate(Case("mask=None: a plain softmax", (randn(g, 3, 5), None))),
     ]
 
 
@@ -275,7 +285,7 @@ def _causal_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("X (5, 6), d_k = 4, d_v = 3", (randn(g, 5, 6), *_projections(g, 6, 4, 3))),
         Case("a batch X (2, 4, 6)", (randn(g, 2, 4, 6), *_projections(g, 6, 6, 6))),
-        Case("a single token: it can only attend to itself", (randn(g, 1, 5), *_projections(g, 5, 3, 2))),
+        degenerate(Case("a single token: it can only attend to itself", (randn(g, 1, 5), *_projections(g, 5, 3, 2)))),
         Case("no leakage: changing tokens 4 and 5 must not change outputs 1 to 3",
              (randn(g, 2, 5, 6), *_projections(g, 6, 4, 3)), data={"future": randn(g, 2, 2, 6)}),
     ]

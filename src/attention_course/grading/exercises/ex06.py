@@ -32,6 +32,7 @@ from attention_course.grading.spec import (
     Mistake,
     Part,
     call_expecting_error,
+    degenerate,
     preamble,
     randn,
     with_texts,
@@ -48,7 +49,7 @@ def _split_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("x (2, 5, 12), 3 heads of 4", (randn(g, 2, 5, 12), 3)),
         Case("x (1, 4, 8), 2 heads of 4", (randn(g, 1, 4, 8), 2)),
-        Case("one head: x (3, 6, 5), 1 head of 5", (randn(g, 3, 6, 5), 1)),
+        degenerate(Case("one head: x (3, 6, 5), 1 head of 5", (randn(g, 3, 6, 5), 1))),
         Case("one feature per head: x (2, 3, 4), 4 heads of 1", (randn(g, 2, 3, 4), 4)),
         Case("d_model = 10, 4 heads: must raise ValueError naming 10 and 4", (randn(g, 2, 3, 10), 4),
              data={"error": True}),
@@ -97,7 +98,7 @@ def _merge_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("x (2, 3, 5, 4): 3 heads of 4 -> (2, 5, 12)", (randn(g, 2, 3, 5, 4),)),
         Case("x (1, 2, 6, 8)", (randn(g, 1, 2, 6, 8),)),
-        Case("one head: x (2, 1, 4, 6)", (randn(g, 2, 1, 4, 6),)),
+        degenerate(Case("one head: x (2, 1, 4, 6)", (randn(g, 2, 1, 4, 6),))),
         Case("x (3, 4, 7, 1): heads of one feature", (randn(g, 3, 4, 7, 1),)),
         Case("as many heads as tokens: x (2, 5, 5, 3)", (randn(g, 2, 5, 5, 3),)),
     ]
@@ -138,7 +139,7 @@ def _forward_cases(g: torch.Generator) -> list[Case]:
         case("cross-attention: 4 queries, 7 keys, d_model = 8, 2 heads", 2, 4, 7, 8, 2),
         case("key and value are different tensors", 1, 3, 6, 8, 4, same_kv=False),
         case("d_model = 64, 8 heads: each head is scaled by 1/sqrt(8), not 1/sqrt(64)", 1, 4, 6, 64, 8, scale=3.0),
-        case("one head: plain attention with projections", 2, 3, 4, 6, 1),
+        degenerate(case("one head: plain attention with projections", 2, 3, 4, 6, 1)),
         case("padding mask (B, 1, 1, Lk): item 1 has 3 real keys of 6", 2, 4, 6, 8, 2, mask=padding),
         case("causal mask (L, L), self-attention", 2, 5, 5, 8, 2, mask=causal, self_attention=True),
         case("a query with no allowed key: zero weights, output = b_o, no NaN (also in the gradient)", 2, 4, 5, 8, 2,
@@ -372,7 +373,7 @@ def _torch_cases(g: torch.Generator) -> list[Case]:
     padding = torch.tensor([[False] * 6, [False, False, False, True, True, True]])  # True = padding (blocked)
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True above the diagonal: blocked
     return [
-        case("no masks: self-attention, d_model = 8, 2 heads", 8, 2, 5, 5, self_attention=True),
+        degenerate(case("no masks: self-attention, d_model = 8, 2 heads", 8, 2, 5, 5, self_attention=True)),
         case("cross-attention, 4 queries and 6 keys, 4 heads", 8, 4, 4, 6),
         case("key_padding_mask (B, Lk), True = padding", 12, 3, 4, 6, key_padding=padding),
         case("attn_mask (L, L), True above the diagonal (causal)", 8, 2, 5, 5, attn_mask=future, self_attention=True),

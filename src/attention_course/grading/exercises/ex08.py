@@ -166,6 +166,68 @@ def _random_dropout_problem(out: torch.Tensor, x: torch.Tensor, p: float, second
     if tensor_problem(second, "your output", x.shape) is None and torch.equal(second != 0, kept):
         return Finding("two calls dropped exactly the same entries: draw a new random mask on every call",
                        FailureKind.PROPERTY)
+    return _randomness_problem(~kept, p, ~(second != 0) if tensor_problem(second, "your output", x.shape) is None
+                               else None)
+
+
+#: How many standard deviations a randomness statistic may stray before a mask is called not random. Measured
+#: on independent drops (torch.rand) over 2000 seeds of each of ex08's four training cases, two calls each: the
+#: largest |z| of the 24 000 statistics was 4.42, as expected of normal ones (tests/grading/test_checks.py::
+#: test_dropout_randomness_false_alarm_rate repeats this on 200 seeds); a normal statistic strays beyond 7 with
+#: probability 3e-12, so a right dropout fails by chance about once in 10^10 cases.
+RANDOMNESS_Z = 7.0
+
+
+def dropout_randomness(dropped: torch.Tensor, p: float, second: torch.Tensor | None = None) -> dict[str, float]:
+    """z-scores of three statistics of a dropout mask (``dropped``: True where an entry was zeroed), each about
+    standard normal for independent drops at rate ``p``:
+
+    - ``neighbours``: pairs of neighbouring entries (along the last dimension) both dropped, expected p^2 per
+      pair (a low-discrepancy or striped mask spreads its drops apart, or clumps them);
+    - ``rows``: the spread of the number dropped per row (a chi-square dispersion index; a mask that drops
+      exactly p of every row spreads them too evenly, z far below 0);
+    - ``calls``: entries dropped by both of two calls (``second``), expected p^2 each (a mask that moves
+      deterministically from call to call overlaps too much or too little).
+    """
+    d = dropped.reshape(-1, dropped.shape[-1]).double()
+    rows, n = d.shape
+    q = p * p
+    z: dict[str, float] = {}
+    if n > 1:
+        pairs = rows * (n - 1)
+        both = float((d[:, 1:] * d[:, :-1]).sum())
+        # overlapping pairs share an entry: Var = m q (1 - q) + 2 (m - rows) (p^3 - p^4)
+        variance = pairs * q * (1 - q) + 2 * (pairs - rows) * (p ** 3 - q * q)
+        z["neighbours"] = (both - pairs * q) / math.sqrt(variance)
+    if rows > 1:
+        counts = d.sum(dim=1)
+        dispersion = float(((counts - n * p) ** 2).sum()) / (n * p * (1 - p))
+        z["rows"] = (dispersion - rows) / math.sqrt(2 * rows)
+    if second is not None:
+        total = d.numel()
+        both = float((d.reshape(-1) * second.reshape(-1).double()).sum())
+        z["calls"] = (both - total * q) / math.sqrt(total * q * (1 - q))
+    return z
+
+
+def _randomness_problem(dropped: torch.Tensor, p: float, second: torch.Tensor | None) -> Finding | None:
+    """A mask that drops about p of the entries but not independently at random (see :func:`dropout_randomness`)."""
+    z = dropout_randomness(dropped, p, second)
+    if abs(z.get("neighbours", 0.0)) > RANDOMNESS_Z:
+        both = float((dropped.reshape(-1, dropped.shape[-1])[:, 1:] & dropped.reshape(-1, dropped.shape[-1])[:, :-1])
+                     .double().mean())
+        return Finding(f"your mask is not random: neighbouring entries are both dropped in {fmt(100 * both)}% of "
+                       f"pairs, where independent drops give p^2 = {fmt(100 * p * p)}%; draw each entry's keep/drop "
+                       f"independently at random (from PyTorch's random numbers), not from a pattern or sequence",
+                       FailureKind.PROPERTY)
+    if z.get("rows", 0.0) < -RANDOMNESS_Z:
+        return Finding("your mask is not random: every row drops almost exactly the same number of entries, where "
+                       "independent random drops vary from row to row; draw each entry's keep/drop at random "
+                       "(from PyTorch's random numbers), not a fixed share", FailureKind.PROPERTY)
+    if abs(z.get("calls", 0.0)) > RANDOMNESS_Z:
+        return Finding(f"your two calls' masks are not independent: the share of entries dropped by both is far "
+                       f"from p^2 = {fmt(100 * p * p)}%; draw a new random mask on every call",
+                       FailureKind.PROPERTY)
     return None
 
 

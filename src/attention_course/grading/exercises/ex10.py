@@ -20,7 +20,17 @@ from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import fmt, matches, tensor_problem
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Mistake,
+    Part,
+    call_function,
+    degenerate,
+    preamble,
+    randn,
+    with_texts,
+)
 from attention_course.layers import DecoderLayer
 from attention_course.transformer import Transformer
 
@@ -89,8 +99,8 @@ def _mask_cases(g: torch.Generator) -> list[Case]:
              (_tokens([[*words(4), 2], [*words(2), 2, 0, 0]]), _tokens([[1, *words(3)], [1, *words(1), 0, 0]]), 0)),
         Case("pad_id 3", (_tokens([[*words(2), 2, 3], [*words(3), 2]]), _tokens([[1, *words(4)], [1, 3, 3, 3, 3]]), 3)),
         Case("no padding: src (1, 3), decoder input (1, 6)", (_tokens([[*words(2), 2]]), _tokens([[1, *words(5)]]), 0)),
-        Case("decoder input of length 1 (only <bos>)",
-             (_tokens([[*words(3), 2], [*words(1), 2, 0, 0]]), _tokens([[1], [1]]), 0)),
+        degenerate(Case("decoder input of length 1 (only <bos>)",
+             (_tokens([[*words(3), 2], [*words(1), 2, 0, 0]]), _tokens([[1], [1]]), 0))),
         Case("batch of 3, only the sources padded",
              (_tokens([[*words(5), 2], [*words(2), 2, 0, 0, 0], [*words(4), 2, 0]]), _tokens([[1, *words(2)]] * 3), 0)),
     ]
@@ -351,6 +361,51 @@ def _random_transformer(g: torch.Generator, vocab: int) -> Transformer:
     return model.double().eval()
 
 
+def _decode_variant(model: Transformer, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int, *,
+                    causal: bool = True, source_mask: bool = True, pad_after_eos: bool = True,
+                    last: bool = True) -> Tensor:
+    """Batched greedy decoding, right or with one known mistake switched on (for building cases)."""
+    memory_mask = (src != pad_id)[:, None, None, :] if source_mask else None
+    memory = model.encode(src, memory_mask)
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.size(0), dtype=torch.bool)
+    for _ in range(max_len):
+        length = tokens.size(1)
+        mask = torch.ones(length, length, dtype=torch.bool).tril() if causal else None
+        logits = model.decode(tokens, memory, mask, memory_mask)
+        next_token = logits[:, -1 if last else 0].argmax(dim=-1)
+        if pad_after_eos:
+            next_token = torch.where(finished, torch.full_like(next_token, pad_id), next_token)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        finished = finished | (next_token == eos_id)
+        if bool(finished.all()):
+            break
+    return tokens
+
+
+#: The known mistakes a random Transformer case must expose (see :func:`_telling_transformer`).
+_DECODING_MISTAKES = {"no causal mask": {"causal": False}, "the first position's logits": {"last": False},
+                      "no source padding mask": {"source_mask": False}}
+
+
+def _telling_transformer(g: torch.Generator, vocab: int, sources: Callable[[], Tensor], max_len: int,
+                         mistakes: tuple[str, ...]) -> tuple[Transformer, Tensor]:
+    """A random Transformer (that never says eos) and source batch on which each of ``mistakes`` decodes other
+    tokens than the right greedy decoding: drawn again until it does (a few draws), so that the case's verdict on
+    those mistakes does not depend on the draw."""
+    for _ in range(500):
+        model, src = _random_transformer(g, vocab), sources()
+        with torch.no_grad():
+            # It never says eos (2): every sentence runs to max_len, so how a learner stops and pads after eos
+            # cannot change this case's verdict (the scripted cases test that, on every draw).
+            model.generator.bias[2] = -1e4
+            right = _decode_variant(model, src, max_len, 1, 2, 0)
+            if all(not torch.equal(right, _decode_variant(model, src, max_len, 1, 2, 0, **_DECODING_MISTAKES[name]))
+                   for name in mistakes):
+                return model, src
+    raise RuntimeError(f"no random Transformer in 500 draws exposes {mistakes}")  # pragma: no cover
+
+
 def _greedy_cases(g: torch.Generator) -> list[Case]:
     vocab = 12
 
@@ -363,7 +418,7 @@ def _greedy_cases(g: torch.Generator) -> list[Case]:
 
     return [
         Case("a random Transformer: 3 source sentences, 2 of them padded; max_len 8",
-             (_random_transformer(g, vocab), sources(6, 4, 2), 8, 1, 2, 0)),
+             (*_telling_transformer(g, vocab, lambda: sources(6, 4, 2), 8, tuple(_DECODING_MISTAKES)), 8, 1, 2, 0)),
         Case("a scripted model: sentence 0 ends after 2 words, sentence 1 after 4 (stop then; pad after eos)",
              (scripted([7, 8, 2], [9, 10, 11, 7, 2]), _tokens([[0, 4], [1, 4]]), 10, 1, 2, 0)),
         Case("a sentence that never ends: max_len 5 cuts it", (scripted([7] * 20), _tokens([[0, 4]]), 5, 1, 2, 0)),
@@ -372,7 +427,8 @@ def _greedy_cases(g: torch.Generator) -> list[Case]:
         Case("a scripted model with a padded source (pad 6): the source padding mask must reach decode",
              (scripted([7, 2], [8, 9, 2], memory_pad_id=6), _tokens([[0, 4, 6], [1, 4, 4]]), 6, 1, 2, 6)),
         Case("a random Transformer, one unpadded sentence, max_len 6",
-             (_random_transformer(g, vocab), sources(5), 6, 1, 2, 0)),
+             (*_telling_transformer(g, vocab, lambda: sources(5), 6, ("no causal mask", "the first position's logits")),
+              6, 1, 2, 0)),
     ]
 
 

@@ -21,12 +21,22 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from attention_course.efficient import tiled_attention as reference_tiled
-from attention_course.efficient import tiled_attention_step as reference_step
 from attention_course.grading.compare import close_problem, f64, float32_atol
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, unwatched, with_texts
+from attention_course.grading.spec import (
+    Case,
+    Exercise,
+    Part,
+    call_function,
+    degenerate,
+    preamble,
+    randn,
+    unwatched,
+    with_texts,
+)
+from attention_course.tiled import tiled_attention as reference_tiled
+from attention_course.tiled import tiled_attention_step as reference_step
 
 PREAMBLE = preamble()
 
@@ -37,7 +47,7 @@ def _append_cases(g: torch.Generator) -> list[Case]:
         return randn(g, batch, heads, length, d_k, dtype=dtype), randn(g, batch, heads, length, d_v, dtype=dtype)
 
     return [
-        Case("empty cache (None) and the first position", (None, None, *kv(2, 3, 1, 4, 4))),
+        degenerate(Case("empty cache (None) and the first position", (None, None, *kv(2, 3, 1, 4, 4)))),
         Case("5 cached positions and 1 new one", (*kv(2, 3, 5, 4, 6), *kv(2, 3, 1, 4, 6))),
         Case("4 cached positions and a prompt of 3 new ones", (*kv(1, 2, 4, 8, 8), *kv(1, 2, 3, 8, 8))),
         Case("batch 3, 2 heads, 2 cached, 2 new (check the axis)", (*kv(3, 2, 2, 5, 3), *kv(3, 2, 2, 5, 3))),
@@ -98,18 +108,25 @@ def _online_cases(g: torch.Generator) -> list[Case]:
     masked_block[1, :] = -math.inf  # a fully masked block: the state must not change
     never_seen = torch.full((2, 3), -math.inf)
     never_seen[1, 0] = 0.5
+    masked_block[0, 3] = masked_previous[0].max() + 1.0  # row 0's maximum grows: the old sum must be rescaled
     batched_previous = randn(g, 2, 3, 4)
     double_previous = randn(g, 3, 7, dtype=torch.float64)
+    single, double_block, batched_block = randn(g, 4, 1), randn(g, 3, 4, dtype=torch.float64), randn(g, 2, 3, 5)
+    # In every case some row's maximum grows (here row 0's), so a running sum or accumulator that is not rescaled
+    # shows on every draw, not only when the random scores happen to rise.
+    single[0, 0] = previous[0].max() + 1.0
+    double_block[0, 0] = double_previous[0].max() + 1.0
+    batched_block[1, 2, 0] = batched_previous[1, 2].max() + 1.0
     return [
-        Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), randn(g, 4, 8))),
+        degenerate(Case("the first block: state (-inf, 0), scores (4, 8)", (*start(4), randn(g, 4, 8)))),
         after("a second block: state from 6 earlier scores, 5 new ones", previous, growing),
-        after("a block of a single score per row", previous, randn(g, 4, 1)),
-        after("leading dimensions: state (2, 3), scores (2, 3, 5)", batched_previous, randn(g, 2, 3, 5)),
+        after("a block of a single score per row", previous, single),
+        after("leading dimensions: state (2, 3), scores (2, 3, 5)", batched_previous, batched_block),
         after("scores around 1e4 (overflow test)", huge_previous, huge_block, stability=True),
         after("masked scores (-inf), and a row whose whole block is masked", masked_previous, masked_block),
         Case("a row that has seen no score yet and gets only -inf (must stay -inf, 0, not NaN)",
              (*start(2), never_seen)),
-        after("float64 keeps its dtype", double_previous, randn(g, 3, 4, dtype=torch.float64)),
+        after("float64 keeps its dtype", double_previous, double_block),
     ]
 
 
@@ -168,6 +185,10 @@ def _step_cases(g: torch.Generator) -> list[Case]:
         if lower:  # earlier keys include each query itself (score |q|²/√d_k > 0), new keys score about 0
             prev_k[..., :bq, :] = query
             key = key * 0.01
+        elif bk_prev:  # the first query's maximum grows in this block (Cauchy-Schwarz): the old state must be rescaled
+            first = query[..., 0, :]
+            longest = prev_k.norm(dim=-1).amax(dim=-1, keepdim=True)
+            key[..., 0, :] = 2.0 * longest * first / first.norm(dim=-1, keepdim=True)
         scale = 1.0 / math.sqrt(d_k)
         rows = (*batch, bq)  # nothing seen yet: accumulator 0, running maximum -inf, running sum 0
         state = (torch.zeros(*rows, d_v, dtype=dtype), torch.full(rows, -math.inf, dtype=dtype),
@@ -180,7 +201,7 @@ def _step_cases(g: torch.Generator) -> list[Case]:
         return Case(name, (*state, query, key, value, scale), data=data)
 
     return [
-        case("the first block: 4 queries, 5 keys, d_k = 8, d_v = 6", (), 4, 0, 5, 8, 6),
+        degenerate(case("the first block: 4 queries, 5 keys, d_k = 8, d_v = 6", (), 4, 0, 5, 8, 6)),
         case("a second block: 3 earlier keys, 4 new ones", (), 4, 3, 4, 8, 8),
         case("leading dimensions (2, 3): batch and heads", (2, 3), 3, 5, 4, 4, 5),
         case("large scores (in the hundreds: overflow test)", (), 4, 4, 4, 16, 4, scale_q=100.0),

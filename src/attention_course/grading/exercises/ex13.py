@@ -5,7 +5,8 @@ temperature and those filters, one cached step of causal self-attention and (cha
 float64 PyTorch (``F.cross_entropy``, ``F.rms_norm``, attention over the whole sequence) and the library's filters.
 Recognised mistakes: targets not shifted, padding counted, the token crossing p dropped, temperature applied to
 probabilities, a filter the draw ignores; for RMSNorm eps outside the root, the mean subtracted, the weight left
-out, another dimension than the last, float16 squares. PyTorch's own RMSNorm refuses to run while the learner's does.
+out, another dimension than the last, float16 squares. While the learner's RMSNorm runs, PyTorch's own is refused
+(best effort: ``torch._C.DisableTorchFunction()`` steps round the refusal; see chapters/instructors.md).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from attention_course.grading.spec import (
     Mistake,
     Part,
     call_expecting_error,
+    degenerate,
     permutation,
     preamble,
     randn,
@@ -91,7 +93,7 @@ def _top_k_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("logits (4, 10), k = 3", (randn(g, 4, 10), 3)),
         Case("k = 1 keeps only the largest", (randn(g, 3, 6), 1)),
-        Case("k larger than the vocabulary keeps everything", (randn(g, 2, 5), 8)),
+        degenerate(Case("k larger than the vocabulary keeps everything", (randn(g, 2, 5), 8))),
         Case("leading dimensions: logits (2, 3, 7), k = 2", (randn(g, 2, 3, 7), 2)),
     ]
 
@@ -107,7 +109,9 @@ def _top_p_cases(g: torch.Generator) -> list[Case]:
         Case("the favourite alone has 0.95 > p = 0.9", (_probs(0.95, 0.03, 0.02)[None], 0.9)),
         Case("unsorted probabilities (0.1, 0.6, 0.05, 0.25), p = 0.7", (_probs(0.1, 0.6, 0.05, 0.25)[None], 0.7)),
         Case("random logits (4, 20), p = 0.9", (randn(g, 4, 20, scale=2.0), 0.9)),
-        Case("p = 1 keeps every token", (randn(g, 2, 6), 1.0)),
+        # Degenerate: a filter that returns its input passes (and one that drops the crossing token passes or
+        # not as float32 rounding of the last cumulative sum falls): it must pass, but earns nothing on its own.
+        Case("p = 1 keeps every token", (randn(g, 2, 6), 1.0), credit=False),
         Case("leading dimensions: logits (2, 3, 8), p = 0.5", (randn(g, 2, 3, 8), 0.5)),
     ]
 
@@ -172,6 +176,17 @@ def _sample_cases(g: torch.Generator) -> list[Case]:
         # Logits whose filtered distribution keeps three tokens (a single kept token would need no randomness).
         draws(f"temperature 0.8, top-k 3 and top-p 0.9 together, {DRAWS} draws",
               torch.tensor([1.5, 1.0, 0.5, 0.0, -0.5, -3.0])[permutation(g, 6)], temperature=0.8, top_k=3, top_p=0.9),
+        # Where the filters disagree (top-k keeps 4, top-p then 2 of them: a sampler that skips top-p when top-k
+        # is given draws the other two) and where the temperature moves the nucleus (filtering the untempered
+        # logits keeps 2 tokens where 3 are right, or 3 where 2 are). Every kept token has probability >= 0.2
+        # and every cumulative sum is >= 0.07 from p, so a right sampler passes and these mistakes fail on
+        # every draw of the cases.
+        draws(f"top-k 4 and top-p 0.6 disagree: top-p keeps 2 of the 4, {DRAWS} draws",
+              _probs(0.45, 0.3, 0.15, 0.07, 0.03)[permutation(g, 5)], top_k=4, top_p=0.6),
+        draws(f"temperature 2 widens the top-p 0.7 nucleus to 3 tokens, {DRAWS} draws",
+              _probs(0.5, 0.25, 0.15, 0.1)[permutation(g, 4)], temperature=2.0, top_p=0.7),
+        draws(f"temperature 0.5 narrows the top-p 0.8 nucleus to 2 tokens, {DRAWS} draws",
+              _probs(0.5, 0.25, 0.15, 0.1)[permutation(g, 4)], temperature=0.5, top_p=0.8),
     ]
 
 
@@ -200,8 +215,10 @@ def _expected_probs(logits: torch.Tensor, temperature: float, top_k: int | None,
     return torch.softmax(z, dim=-1)
 
 
-def _draws_problem(output: Any) -> str | None:
-    """The three draws must repeat with one seed, change with another, and leave the global generator alone."""
+def _draws_problem(output: Any, logits: torch.Tensor | None = None, kwargs: dict[str, Any] | None = None) -> str | None:
+    """The three draws must repeat with one seed, change with another, and leave the global generator alone.
+    Draws that are all one token, where the filtered softmax (of ``logits`` with ``kwargs``) keeps several, are
+    told so (the filters are wrong), not told to use the generator."""
     if not isinstance(output, tuple) or len(output) != 4 or not isinstance(output[3], bool):
         return Finding("expected your function to return the tokens", FailureKind.TYPE)
     for draw in output[:3]:
@@ -210,6 +227,18 @@ def _draws_problem(output: Any) -> str | None:
             return problem
     if not torch.equal(output[0], output[1]):
         return "two calls with generators seeded alike gave different tokens: draw with the generator argument"
+    if torch.equal(output[0], output[2]) and logits is not None and kwargs is not None:
+        expected = _expected_probs(logits, **kwargs)
+        first = output[0].reshape(-1)
+        if bool((first == first[0]).all()) and int((expected > 0).sum()) > 1:
+            kept = ", ".join(f"{float(q):.2f}" for q in expected[expected > 0])
+            labels = (("top_k", "top-k"), ("top_p", "top-p"))
+            filters = " and ".join(f"{label} = {kwargs[name]}" for name, label in labels
+                                   if kwargs[name] is not None) or "no filter"
+            return Finding(f"every draw gave token {int(first[0])}: your sampler keeps one token, but with "
+                           f"{filters} and temperature {kwargs['temperature']:g} {int((expected > 0).sum())} "
+                           f"tokens are kept (probabilities {kept}); check the filters your sampler applies",
+                           FailureKind.PROPERTY)
     if torch.equal(output[0], output[2]):
         return ("two calls with generators seeded differently gave the same tokens: your draws must come from "
                 "the generator argument (e.g. torch.multinomial(probs, 1, generator=generator)), not from a "
@@ -227,6 +256,11 @@ def _distribution_problem(tokens: torch.Tensor, logits: torch.Tensor, kwargs: di
     if (tokens < 0).any() or (tokens >= vocabulary).any():
         return f"token ids must lie in 0 .. {vocabulary - 1}"
     impossible = tokens[expected[tokens] == 0]
+    if impossible.numel() or chi_square_p_value(torch.bincount(tokens, minlength=vocabulary),
+                                                expected * DRAWS) < SAMPLING_SIGNIFICANCE:
+        named = _named_sampler_mistake(tokens, logits, kwargs)
+        if named:
+            return Finding(named, FailureKind.KNOWN_MISTAKE)
     if impossible.numel():
         token = int(impossible[0])
         for name, label in (("top_p", "top-p"), ("top_k", "top-k")):  # which filter the draws ignore
@@ -257,6 +291,40 @@ def _distribution_problem(tokens: torch.Tensor, logits: torch.Tensor, kwargs: di
     return None
 
 
+def _fits(tokens: torch.Tensor, probs: torch.Tensor) -> bool:
+    """Whether ``tokens`` could have been drawn from ``probs`` (none impossible, counts not rejected)."""
+    if bool((probs[tokens] == 0).any()):
+        return False
+    counts = torch.bincount(tokens, minlength=probs.numel())
+    return chi_square_p_value(counts, probs * tokens.numel()) >= SAMPLING_SIGNIFICANCE
+
+
+def _named_sampler_mistake(tokens: torch.Tensor, logits: torch.Tensor, kwargs: dict[str, Any]) -> str | None:
+    """The known mistake whose distribution the draws follow (they do not follow the right one), if any."""
+    temperature, top_k, top_p = kwargs["temperature"], kwargs["top_k"], kwargs["top_p"]
+    z = f64(logits)
+    if temperature != 1 and _fits(tokens, _expected_probs(logits, 1.0, top_k, top_p)):
+        return ("your draws ignore the temperature: divide the logits by it, not the probabilities (which "
+                "renormalising undoes)")
+    if top_k is not None and top_p is not None and _fits(tokens, _expected_probs(logits, temperature, None, None)):
+        return "your draws ignore the filters: draw from the softmax of the filtered logits"
+    if temperature != 1 and (top_k is not None or top_p is not None):
+        early = z if top_k is None else reference_top_k(z, top_k)
+        early = early if top_p is None else reference_top_p(early, top_p)
+        if _fits(tokens, torch.softmax(early / temperature, dim=-1)):
+            return (f"your draws follow the filters applied to the untempered logits, then the temperature: with "
+                    f"temperature {temperature:g} the top-p nucleus is another set of tokens; divide the logits by "
+                    f"the temperature first, then filter, then take the softmax")
+    if top_k is not None and top_p is not None:
+        if _fits(tokens, _expected_probs(logits, temperature, top_k, None)):
+            return (f"your draws ignore top_p = {top_p} when top_k = {top_k} is given too: apply both filters, "
+                    f"top-k and then top-p on what it keeps")
+        if _fits(tokens, _expected_probs(logits, temperature, None, top_p)):
+            return (f"your draws ignore top_k = {top_k} when top_p = {top_p} is given too: apply both filters, "
+                    f"top-k and then top-p on what it keeps")
+    return None
+
+
 def _verify_sample(case: Case, output: Any) -> str | None:
     logits, kwargs = case.args[0], {**_SAMPLING_DEFAULTS, **case.kwargs}
     if kwargs["temperature"] == 0:
@@ -267,7 +335,7 @@ def _verify_sample(case: Case, output: Any) -> str | None:
         )
     # What the draws fail is a property of every right sampler (repeatable, independent, distributed as the
     # filtered softmax), typed as such unless a step said more (a tensor of the wrong shape or dtype).
-    return finding(first_problem(lambda: _draws_problem(output),
+    return finding(first_problem(lambda: _draws_problem(output, logits[0], kwargs),
                                  lambda: _distribution_problem(output[0].long(), logits[0], kwargs)),
                    FailureKind.PROPERTY)
 
@@ -279,7 +347,9 @@ def _step_cases(g: torch.Generator) -> list[Case]:
         w_q, w_k, w_v = (randn(g, d, d, scale=d ** -0.5) for _ in range(3))
         past_k = None if past == 0 else x[:, :past] @ w_k
         past_v = None if past == 0 else x[:, :past] @ w_v
-        return Case(name, (x[:, past:], w_q, w_k, w_v, past_k, past_v), data={"x": x})
+        # One key (an empty cache): the weight is 1 whatever the scores, so a step without the scale, or one that
+        # skips the new token, passes: it must pass, but earns nothing on its own.
+        return Case(name, (x[:, past:], w_q, w_k, w_v, past_k, past_v), data={"x": x}, credit=past > 0)
 
     return [
         case("the first token: empty cache (None)", 2, 0, 8),
@@ -335,12 +405,12 @@ def _rms_norm_cases(g: torch.Generator) -> list[Case]:
     ]
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, dim: int = -1, centre: bool = False,
+def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float, dim: int | None = -1, centre: bool = False,
          eps_inside: bool = True) -> torch.Tensor:
-    """RMSNorm and its usual wrong variants, in float64."""
+    """RMSNorm and its usual wrong variants, in float64 (``dim=None``: one mean square over all the elements)."""
     if centre:
         x = x - x.mean(dim=-1, keepdim=True)
-    mean_square = x.pow(2).mean(dim=dim, keepdim=True)
+    mean_square = x.pow(2).mean() if dim is None else x.pow(2).mean(dim=dim, keepdim=True)
     scale = (mean_square + eps).sqrt() if eps_inside else mean_square.sqrt() + eps
     return x / scale * (1.0 if weight is None else weight)
 
@@ -356,6 +426,9 @@ _RMS_NORM_MISTAKES = (  # (x, weight, eps), float64 -> a wrong RMSNorm
             "itself by its root mean square"),
     Mistake(lambda x, w, eps: _rms(x, None, eps),
             "your output is normalised but ignores the weight: multiply by it, one gain per feature"),
+    Mistake(lambda x, w, eps: _rms(x, w, eps, dim=None),
+            "your mean square is taken over all the elements of x at once: RMSNorm takes one per token, the mean "
+            "of x^2 over the last dimension (dim=-1, keepdim=True)"),
     Mistake(lambda x, w, eps: _rms(x, w, eps, dim=1) if x.dim() > 2 else None,
             "your mean square is taken over dimension 1: RMSNorm averages over the last dimension (the "
             "features of one token), whatever the number of leading dimensions"),
@@ -394,7 +467,8 @@ class TorchRMSNormRefused(PermissionError):
 
 class _RefuseTorchRMSNorm(TorchFunctionMode):
     """While active, every PyTorch function whose name holds ``rms_norm`` (``F.rms_norm``, ``nn.RMSNorm``, the
-    ``aten`` operators) raises; only private ``torch._C`` API steps round it, and the run-time guard refuses that."""
+    ``aten`` operators) raises. Best effort: private ``torch._C`` API (``DisableTorchFunction()``) steps round it,
+    and nothing in the worker refuses that."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if "rms_norm" in str(getattr(func, "__name__", func)):

@@ -26,6 +26,7 @@ from attention_course.grading.spec import (
     Mistake,
     Part,
     call_expecting_error,
+    degenerate,
     preamble,
     randn,
     with_texts,
@@ -81,8 +82,8 @@ def _rotary_cases(g: torch.Generator) -> list[Case]:
         Case("heads: x (2, 3, 5, 16) at positions 100..104", (randn(g, 2, 3, 5, 16), torch.arange(100, 105))),
         Case("base 100, x (4, 6)", (randn(g, 4, 6), torch.arange(4)), {"base": 100.0}),
         Case("positions not in order: 5 rows at scattered positions below 40", (randn(g, 5, 8), scattered)),
-        Case("float64 input, d = 2 (a single pair), positions 0..6",
-             (randn(g, 7, 2, dtype=torch.float64), torch.arange(7))),
+        degenerate(Case("float64 input, d = 2 (a single pair), positions 0..6",
+             (randn(g, 7, 2, dtype=torch.float64), torch.arange(7)))),
         Case("an odd feature size (d = 5) raises a ValueError", (randn(g, 3, 5), torch.arange(3)),
              data={"error": True}),
     ]
@@ -125,7 +126,7 @@ def _offset_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("8 query/key pairs, d = 8, offset 3", (randn(g, 8, 8), randn(g, 8, 8), 3)),
         Case("offset -5 (the key 5 positions before the query), d = 16", (randn(g, 6, 16), randn(g, 6, 16), -5)),
-        Case("offset 0: the plain dot product", (randn(g, 4, 8), randn(g, 4, 8), 0)),
+        degenerate(Case("offset 0: the plain dot product", (randn(g, 4, 8), randn(g, 4, 8), 0))),
         Case("offset 200, base 500, d = 4", (randn(g, 5, 4), randn(g, 5, 4), 200), {"base": 500.0}),
     ]
 
@@ -166,7 +167,7 @@ def _alibi_cases(g: torch.Generator) -> list[Case]:
         Case("scores (3, 1, 4, 4): a single head", (randn(g, 3, 1, 4, 4),), credit=False),
         Case("scores (1, 6, 4, 6): 6 heads, the last 4 positions query 6 keys", (randn(g, 1, 6, 4, 6),)),
         Case("scores (2, 12, 2, 5): 12 heads, the last 2 positions query 5 keys", (randn(g, 2, 12, 2, 5),)),
-        Case("scores (1, 3, 1, 4): 3 heads, one query (the newest token), 4 keys", (randn(g, 1, 3, 1, 4),)),
+        degenerate(Case("scores (1, 3, 1, 4): 3 heads, one query (the newest token), 4 keys", (randn(g, 1, 3, 1, 4),))),
     ]
 
 
@@ -286,6 +287,12 @@ def _half_order(d_head: int) -> torch.Tensor:
     return torch.cat((torch.arange(0, d_head, 2), torch.arange(1, d_head, 2)))
 
 
+def _permutation(n: int, inverse: bool = False) -> torch.Tensor:
+    """Evens then odds over ``n`` items (any n), or its inverse."""
+    order = torch.cat((torch.arange(0, n, 2), torch.arange(1, n, 2)))
+    return torch.argsort(order) if inverse else order
+
+
 def _permuted_rows(weight: torch.Tensor, num_heads: int, inverse: bool = False) -> torch.Tensor:
     d_head = weight.size(0) // num_heads
     order = _half_order(d_head)
@@ -302,9 +309,14 @@ _CONVERSION_MISTAKES = (  # (weight, num_heads) -> a wrong conversion
     Mistake(lambda w, h: _permuted_rows(w, 1) if h > 1 else None,
             "you split the even and odd rows of the whole weight: the pairs live inside each head, so "
             "permute each head's d_head rows separately"),
-    Mistake(lambda w, h: f64(w)[:, _half_order(w.size(1))] if w.size(0) == w.size(1) else None,
-            "you permuted the columns (the model's input features): the rotation acts on the projection's "
-            "outputs, which are the rows of an nn.Linear weight (out_features, in_features)"),
+    *(Mistake(lambda w, h, inverse=inverse: f64(w)[:, _permutation(w.size(1), inverse)],
+              "you permuted the columns (the model's input features), not the rows: the rotation acts on the "
+              "projection's outputs, which are the rows of an nn.Linear weight (out_features, in_features)")
+      for inverse in (False, True)),
+    Mistake(lambda w, h: (f64(w).reshape(w.size(0), h, -1)[:, :, _half_order(w.size(1) // h)].reshape(w.shape)
+                          if w.size(1) % h == 0 and (w.size(1) // h) % 2 == 0 else None),
+            "you permuted the columns (the model's input features) head by head, not the rows: the rotation acts "
+            "on the projection's outputs, which are the rows of an nn.Linear weight (out_features, in_features)"),
     Mistake(lambda w, h: f64(w), "your weight came back unchanged: each head's rows must be reordered"),
 )
 
@@ -313,7 +325,8 @@ def _conversion_cases(g: torch.Generator) -> list[Case]:
     return [
         Case("4 heads of 6 features, d_model 10: weight (24, 10)", (randn(g, 24, 10), 4)),
         Case("2 heads of 8 features, a square weight (16, 16)", (randn(g, 16, 16), 2)),
-        Case("one head of 10 features, d_model 7", (randn(g, 10, 7), 1)),
+        # one head: splitting the whole weight's rows is splitting the head's (that mistake cannot show here)
+        degenerate(Case("one head of 10 features, d_model 7", (randn(g, 10, 7), 1))),
         Case("2 key-value heads of 12 features (a grouped-query key projection), d_model 48",
              (randn(g, 24, 48), 2)),
         Case("float64 weight, 3 heads of 8 features, d_model 5", (randn(g, 24, 5, dtype=torch.float64), 3)),

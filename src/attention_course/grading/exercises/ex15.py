@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from attention_course.grading.declare import Check, Out, View
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, randn, with_texts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, degenerate, preamble, randn, with_texts
 
 PREAMBLE = preamble()
 
@@ -72,7 +72,9 @@ _GQA = Check(
 
 # --- part 2: the sliding-window mask ------------------------------------------------------------------------
 def _window_cases(g: torch.Generator) -> list[Case]:
-    t = 3 + int(torch.randint(0, 20, (1,), generator=g))  # a decoding step at a random position
+    # a decoding step at a random position at least the window (4) in: key t - 4, one past the window, exists, so a
+    # one-too-wide window shows on every draw (t = 3 hid it)
+    t = 4 + int(torch.randint(0, 20, (1,), generator=g))
     r = 6 + int(torch.randint(0, 30, (1,), generator=g))  # a rolling cache of 5 positions, far into a sequence
     square = torch.arange(6)
     return [
@@ -81,10 +83,10 @@ def _window_cases(g: torch.Generator) -> list[Case]:
              (torch.tensor([t]), torch.arange(t + 1), 4)),
         Case("3 new queries after a rolling cache of 5 positions, window 5",
              (torch.arange(r, r + 3), torch.arange(r - 5, r + 3), 5)),
-        Case("window 1: each query sees only itself", (torch.arange(5), torch.arange(5), 1)),
+        degenerate(Case("window 1: each query sees only itself", (torch.arange(5), torch.arange(5), 1))),
         Case("length 7, window 5", (torch.arange(7), torch.arange(7), 5)),
         Case("keys in shuffled order, window 3", (torch.arange(6), torch.randperm(6, generator=g), 3)),
-        Case("window longer than the sequence: the causal mask", (torch.arange(4), torch.arange(4), 10)),
+        degenerate(Case("window longer than the sequence: the causal mask", (torch.arange(4), torch.arange(4), 10))),
     ]
 
 
@@ -137,8 +139,8 @@ def _tile_cases(g: torch.Generator) -> list[Case]:
         return Case(name, args, data={"full": (q, k, v, grad_out)} if rows == cols == slice(None) else {})
 
     return [
-        case("one tile is the whole problem: 5 queries, 5 keys, d = 4 (checked against autograd)", (), 5, 5, 4,
-             slice(None), slice(None)),
+        degenerate(case("one tile is the whole problem: 5 queries, 5 keys, d = 4 (checked against autograd)", (),
+                        5, 5, 4, slice(None), slice(None))),
         case("queries 0-3 and keys 4-7 of 8 queries and 12 keys, d = 8", (), 8, 12, 8, slice(0, 4), slice(4, 8)),
         case("queries 4-6 and keys 0-4 of 7 queries and 9 keys, d = 4", (), 7, 9, 4, slice(4, 7), slice(0, 5)),
         case("leading dims (2, 3): queries 2-4, keys 3-5 of 6 and 6", (2, 3), 6, 6, 4, slice(2, 5), slice(3, 6)),
