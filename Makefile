@@ -63,7 +63,9 @@ $(BOOK_STAMP): $(STAMP) $(BOOK_SOURCES)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/nbstripout --verify $(NOTEBOOKS)
+	$(BIN)/nbstripout --verify $(filter-out $(wildcard exercises/*.ipynb),$(NOTEBOOKS))
+	# learner notebooks keep their graded-<part>/check-<part> cell ids (grading/generate.py)
+	$(BIN)/nbstripout --verify --keep-id $(wildcard exercises/*.ipynb)
 
 # Fast feedback while writing: lint, library and structure tests, no notebook execution.
 test-fast: lint
@@ -88,14 +90,17 @@ grader-deps:
 # The whole suite: lint; library, notebook-structure and grader tests (two workers with one thread each: two busy
 # workers sharing threads stall each other); the book build, which executes every lesson and solution notebook
 # once and fails on any error (their checks are asserts in cells), and nothing when `make book` already built
-# the same sources; the built site, offline and in Chromium; then nbval, which runs every notebook of the book a
-# second time and compares each cell's output with the build's (tests/nbval_sanitize.cfg lists what may differ).
-# Each pytest run lists its 25 slowest steps; a test whose call takes over 60 s of CPU fails (tests/conftest.py).
+# the same sources; the built site, offline and in Chromium (two workers: each page's browser tests are one unit of
+# work, on the worker that loads the page once per viewport; tests/conftest.py); then nbval, which runs every
+# notebook of the book a second time and compares each cell's output with the build's (tests/nbval_sanitize.cfg
+# lists what may differ).
+# Each pytest run lists its 25 slowest steps; a test whose call takes over 60 s of CPU fails (tests/conftest.py,
+# which also says how the two workers share the tests: one module at a time, heaviest first).
 test: lint grader-deps
-	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope --durations=25 tests/unit tests/notebooks tests/grading
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=25 tests/unit tests/notebooks tests/grading
 	$(MAKE) book
 	$(MAKE) browser-deps
-	COURSE_SITE=$(CURDIR)/_build/html $(BIN)/pytest -q --durations=25 tests/book tests/browser
+	COURSE_SITE=$(CURDIR)/_build/html $(BIN)/pytest -q -n 2 --dist loadscope --durations=25 tests/book tests/browser
 	$(MAKE) nbval
 
 # nbval over the notebooks the book build executed (tests/book/nbval_reference.py): each runs again in a fresh

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -172,6 +173,7 @@ class PageVisit:
         self.refused: list[str] = []
         self.failed_responses: list[str] = []
         self.bytes_by_url: dict[str, int] = {}
+        self.in_flight: set = set()  # requests sent and not yet finished or failed
 
     @property
     def bytes_loaded(self) -> int:
@@ -234,13 +236,45 @@ def visit(browser, site_url):
             "pageerror",
             lambda error: str(error) in KNOWN_PAGE_ERRORS or result.page_errors.append(str(error)),
         )
+        # (functions, not the set's builtin methods: Playwright reads a handler's signature)
+        page.on("request", lambda request: result.in_flight.add(request))
+        page.on("requestfinished", lambda request: result.in_flight.discard(request))
+        page.on("requestfailed", lambda request: result.in_flight.discard(request))
         page.goto(f"{site_url}/{path}", wait_until="load")
-        page.wait_for_load_state("networkidle")
+        target = refresh_target(path)
+        if target:  # a redirecting page (the site's index.html): the page a reader ends up on
+            page.wait_for_url(f"{site_url}/{target}", wait_until="load")
+        settle(page, result)
         return result
 
     yield open_page
     for context in contexts:
         context.close()
+
+
+REFRESH = re.compile(r'<meta http-equiv="refresh" content="\d+;\s*url=([^"]+)"', re.IGNORECASE)
+
+
+def refresh_target(path: str) -> str | None:
+    """The page that ``path`` (relative to the site) redirects to with a <meta> refresh, or None."""
+    file = HTML / path.split("?", 1)[0]
+    found = REFRESH.search(file.read_text(encoding="utf-8", errors="replace")[:2000]) if file.is_file() else None
+    return (Path(path).parent / found.group(1).strip()).as_posix().removeprefix("./") if found else None
+
+
+def settle(page, result: PageVisit) -> None:
+    """Wait, after the load event, until the page has done what it does on its own: MathJax has typeset every
+    formula, the fonts in use have loaded, and no request is in flight. These are the conditions themselves
+    (not a quiet period, like Playwright's "networkidle"), each awaited however long it takes, up to the hang
+    guard; a hang fails with the requests still in flight."""
+    wait_for_maths(page)
+    page.evaluate("() => document.fonts.ready.then(() => true)")
+    deadline = time.monotonic() + HANG_GUARD_MS / 1000
+    while result.in_flight:
+        if time.monotonic() > deadline:
+            pytest.fail(f"requests still in flight after {HANG_GUARD_MS / 1000:.0f} s: "
+                        f"{sorted(request.url for request in result.in_flight)}", pytrace=False)
+        page.wait_for_timeout(20)  # lets Playwright deliver the pending requests' events
 
 
 def run_axe(page) -> list[dict]:

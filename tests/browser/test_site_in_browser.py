@@ -7,8 +7,14 @@ theme's CSS for a lesson, an exercise, a reference page...), so it is checked on
 one with the most display equations, the likeliest to be cut off (:data:`PHONE_PAGES`). Each test judges one aspect
 of a report, so a page that fails one check still reports on the others.
 
-No verdict depends on how fast the machine is: pages are loaded until the browser reports them loaded and their
-formulas typeset, with no time limit but the hang guard of ``visit`` (see tests/browser/conftest.py).
+No verdict depends on how fast the machine is: pages are loaded until the browser reports them loaded, their
+formulas typeset, their fonts loaded and no request in flight, with no time limit but the hang guard of ``visit``
+(see tests/browser/conftest.py). The desktop visit of a page also serves the checks of the controls it has (launch
+and download menus, collapsed solutions and library source), worked after everything else was measured.
+
+``make test`` runs these tests on two pytest-xdist workers: each page's tests (their ids end with the page, see
+:func:`per_page`) are one unit of work (tests/conftest.py), so a page is loaded once per viewport, in the worker
+whose tests judge it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import re
 import pytest
 
 from tests.book.site import HTML, html_pages, learner_notebook, require_site, soup
-from tests.browser.conftest import SCREENSHOTS, run_axe, wait_for_maths
+from tests.browser.conftest import SCREENSHOTS, run_axe
 
 pytestmark = pytest.mark.browser
 require_site()
@@ -33,6 +39,18 @@ LESSON = "chapters/02_hard_and_soft_attention.html"
 INTERACTIVE_PAGES = [path for path in PAGES if soup(HTML / path).select("figure.ac-interactive")]
 EXERCISE_PAGES = [path for path in PAGES if learner_notebook(path.removesuffix(".html"))]
 SCREENSHOT_PAGES = [path for path in (LESSON, "chapters/05_scaling_and_masking.html", "index.html") if path in PAGES]
+# Pages whose desktop visit also works a control after the content checks (see ``interact``): the launch and
+# download buttons, and the first collapsed solution and the first collapsed library source of the book.
+LAUNCH_PAGES = EXERCISE_PAGES + [LESSON] if LESSON in PAGES else EXERCISE_PAGES
+SOLUTION_PAGE = EXERCISE_PAGES[0] if EXERCISE_PAGES else None
+LIBRARY_SOURCE_PAGE = next((path for path in PAGES if soup(HTML / path).select("details.library-source")), None)
+
+
+def per_page(paths: list[str]) -> list:
+    """``paths`` as parameters whose test ids end with the page (``[chapters/x.html]``): under ``make test``
+    (two pytest-xdist workers), tests/conftest.py makes each page's tests one unit of work, so that every test
+    judging a page's reports runs in the worker that loaded it."""
+    return [pytest.param(path, id=path) for path in paths]
 
 
 def template(path: str) -> str:
@@ -104,9 +122,7 @@ def report(visit, path: str, viewport: str) -> dict:
     if key not in _reports:
         width, height = VIEWPORTS[viewport]
         result = visit(path, width=width, height=height, dark=viewport == "dark")
-        page = result.page
-        wait_for_maths(page)
-        page.wait_for_load_state("networkidle")
+        page = result.page  # loaded and settled: formulas typeset, fonts loaded, no request in flight
         measured = page.evaluate(MEASURE)
         measured["theme"] = page.evaluate("() => document.documentElement.dataset.theme")
         measured["bytes"] = result.bytes_loaded
@@ -125,14 +141,87 @@ def report(visit, path: str, viewport: str) -> dict:
             page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
             page.screenshot(path=str(SCREENSHOTS / f"{name}-top.png"))
             measured["screenshot"] = SCREENSHOTS / f"{name}.png"
+        if viewport == "desktop":  # before any control is worked
+            measured["collapsed"] = {selector: collapsed_state(page, selector)
+                                     for selector, first_page in COLLAPSED.items() if path == first_page}
         if viewport == "desktop" and path in INTERACTIVE_PAGES:  # last: it changes what the page shows
             measured["controls"] = exercise_controls(page, path)
             measured["errors_after_controls"] = list(result.page_errors)
+        # What the page reported up to here; the buttons worked below are judged by their own tests.
+        measured["errors"] = {kind: list(found) for kind, found in measured["errors"].items()}
+        if viewport == "desktop":
+            measured.update(interact(page, path))
         _reports[key] = measured
     return _reports[key]
 
 
-@pytest.mark.parametrize("path", PAGES)
+# A collapsed block the book shows closed, each checked on the first page that has one: its <details>, and what
+# must be hidden until the reader opens it.
+COLLAPSED = {"main details.hide": SOLUTION_PAGE, "main details.library-source": LIBRARY_SOURCE_PAGE}
+COLLAPSED_CONTENT = {"main details.hide": ".highlight", "main details.library-source": ".highlight, pre"}
+SHOWN_ON_CLICK = {"main details.hide": ".highlight", "main details.library-source": "pre"}
+
+
+def collapsed_state(page, selector: str) -> dict:
+    """How the first block ``selector`` looks before the reader touches it."""
+    blocks = page.locator(selector)
+    if not blocks.count():
+        return {"count": 0}
+    first = blocks.first
+    return {"count": blocks.count(), "open": first.get_attribute("open"),
+            "summary": first.locator("summary").inner_text(),
+            "content_visible": first.locator(COLLAPSED_CONTENT[selector]).first.is_visible()}
+
+
+def _attempt(action) -> str | None:
+    """Run ``action``; None, or what went wrong (a report is cached, so a failure is recorded, not raised)."""
+    try:
+        action()
+    except Exception as error:  # noqa: BLE001 - any failure of the page is the finding
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
+def interact(page, path: str) -> dict:
+    """After every other check of the desktop visit: open the page's collapsed blocks (the pages of
+    :data:`COLLAPSED`), then its launch menu and download menu (:data:`LAUNCH_PAGES`), recording what they show."""
+    found: dict = {}
+    for selector, first_page in COLLAPSED.items():
+        if path == first_page and page.locator(selector).count():
+            first = page.locator(selector).first
+
+            def open_it(first=first, selector=selector):
+                first.locator("summary").click()
+                first.locator(SHOWN_ON_CLICK[selector]).first.wait_for(state="visible")
+
+            found.setdefault("opened", {})[selector] = _attempt(open_it)
+    if path in LAUNCH_PAGES:
+        launch: dict = {}
+
+        def open_launch_menu():
+            page.locator(".dropdown-launch-buttons button").first.click()
+            colab = page.locator(".dropdown-launch-buttons a[href*='colab.research.google.com']")
+            colab.first.wait_for(state="visible")
+            launch["colab"] = colab.first.get_attribute("href")
+            page.keyboard.press("Escape")
+
+        def download():
+            page.locator(".dropdown-download-buttons button").first.click()
+            link = page.locator(".dropdown-download-buttons a[href$='.ipynb']")
+            link.first.wait_for(state="visible")
+            response = page.request.get(link.first.evaluate("a => a.href"))
+            body = response.body() if response.ok else b""
+            launch.update(download_ok=response.ok, download_is_notebook=b'"cells"' in body,
+                          download_has_solution=b"BEGIN SOLUTION" in body)
+
+        launch["launch_problem"] = _attempt(open_launch_menu)
+        if path in EXERCISE_PAGES:
+            launch["download_problem"] = _attempt(download)
+        found["launch"] = launch
+    return found
+
+
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_page_loads_cleanly_with_maths_and_images(visit, path):
     measured = report(visit, path, "desktop")
     assert measured["title"], f"{path} has no title"
@@ -144,7 +233,7 @@ def test_page_loads_cleanly_with_maths_and_images(visit, path):
     assert not problems, f"{path}: {problems}"
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_no_serious_accessibility_violations(visit, path):
     """axe-core 4.14: no serious or critical violation (contrast, names of controls, landmarks, ARIA)."""
     violations = report(visit, path, "desktop")["axe"]
@@ -152,7 +241,7 @@ def test_no_serious_accessibility_violations(visit, path):
     assert not violations, f"{path}: axe-core finds\n" + "\n".join(described)
 
 
-@pytest.mark.parametrize("path", SCREENSHOT_PAGES)
+@pytest.mark.parametrize("path", per_page(SCREENSHOT_PAGES))
 def test_no_serious_accessibility_violations_in_dark_mode(visit, path):
     measured = report(visit, path, "dark")
     assert measured["theme"] == "dark"
@@ -161,7 +250,7 @@ def test_no_serious_accessibility_violations_in_dark_mode(visit, path):
     assert not violations, f"{path} in dark mode: axe-core finds\n" + "\n".join(described)
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_formulas_are_out_of_the_tab_order(visit, path):
     """A keyboard reader tabs through links and controls, not through every formula (only through an equation
     too wide for the column, which scrolls and so must be reachable)."""
@@ -169,7 +258,7 @@ def test_formulas_are_out_of_the_tab_order(visit, path):
     assert focusable == 0, f"{path}: {focusable} formulas are in the tab order"
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_code_blocks_fit_the_column(visit, path):
     overflowing = report(visit, path, "desktop")["code"]
     assert len(overflowing) <= MAX_OVERFLOWING_CODE_BLOCKS, (
@@ -178,7 +267,7 @@ def test_code_blocks_fit_the_column(visit, path):
     )
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_equations_fit_on_a_desktop(visit, path):
     wide = [eq for eq in report(visit, path, "desktop")["equations"] if eq["tooWide"] or eq["clipped"]]
     assert not wide, (
@@ -192,14 +281,14 @@ def test_every_template_has_a_phone_page():
     assert LESSON not in PAGES or any(template(path) == "lesson notebook" for path in PHONE_PAGES)
 
 
-@pytest.mark.parametrize("path", PHONE_PAGES)
+@pytest.mark.parametrize("path", per_page(PHONE_PAGES))
 def test_equations_are_never_clipped_on_a_phone(visit, path):
     """Too wide for a phone is expected; cut off is not: an equation wider than the screen scrolls sideways."""
     clipped = [eq for eq in report(visit, path, "phone")["equations"] if eq["clipped"]]
     assert not clipped, f"{path}: display equations cut off at {PHONE[0]} px: {[eq['tex'] for eq in clipped]}"
 
 
-@pytest.mark.parametrize("path", PHONE_PAGES)
+@pytest.mark.parametrize("path", per_page(PHONE_PAGES))
 def test_no_horizontal_page_overflow_on_a_phone(visit, path):
     measured = report(visit, path, "phone")
     assert measured["pageWidth"] <= measured["viewport"], (
@@ -207,7 +296,7 @@ def test_no_horizontal_page_overflow_on_a_phone(visit, path):
     )
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_content_images_are_sharp_on_high_resolution_screens(visit, path):
     blurry = [
         image
@@ -219,7 +308,7 @@ def test_content_images_are_sharp_on_high_resolution_screens(visit, path):
     )
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_figures_are_not_shrunk_below_their_size(visit, path):
     """A figure laid out for the column (<= 7.5 in at 100 dpi) shows at its own size, so 8 pt text stays 8 pt;
     a wider one is scaled down to the column and its labels with it."""
@@ -233,7 +322,7 @@ def test_figures_are_not_shrunk_below_their_size(visit, path):
     )
 
 
-@pytest.mark.parametrize("path", PAGES)
+@pytest.mark.parametrize("path", per_page(PAGES))
 def test_first_load_within_budget(visit, path):
     measured = report(visit, path, "desktop")
     print(f"{path}: {measured['bytes'] / 1e6:.2f} MB on first load")
@@ -287,7 +376,7 @@ def exercise_controls(page, path: str) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("path", INTERACTIVE_PAGES)
+@pytest.mark.parametrize("path", per_page(INTERACTIVE_PAGES))
 def test_every_control_of_every_interactive_figure_changes_its_image(visit, path):
     """Judged on the desktop visit of the page (after its other measurements): no dead control."""
     measured = report(visit, path, "desktop")
@@ -295,37 +384,28 @@ def test_every_control_of_every_interactive_figure_changes_its_image(visit, path
     assert not measured["errors_after_controls"], f"{path}: JavaScript errors {measured['errors_after_controls']}"
 
 
-@pytest.mark.parametrize("path", EXERCISE_PAGES)
+@pytest.mark.parametrize("path", per_page(EXERCISE_PAGES))
 def test_exercise_launch_and_download_open_the_learner_notebook(visit, path, repository_url):
+    """Judged on the desktop visit of the page, after its other checks: the launch menu opens the learner
+    notebook in Colab, the download menu serves a notebook, not the solution."""
     learner = learner_notebook(path.removesuffix(".html"))
-    result = visit(path)
-    page = result.page
-    page.locator(".dropdown-launch-buttons button").first.click()
-    colab = page.locator(".dropdown-launch-buttons a[href*='colab.research.google.com']")
-    colab.first.wait_for(state="visible")
+    launch = report(visit, path, "desktop")["launch"]
+    assert launch["launch_problem"] is None, f"{path}: the launch menu does not open: {launch['launch_problem']}"
     github_path = repository_url.removeprefix("https://github.com/")
-    assert colab.first.get_attribute("href") == (
+    assert launch["colab"] == (
         f"https://colab.research.google.com/github/{github_path}/blob/main/{learner}.ipynb"
     )
-    page.keyboard.press("Escape")
-    page.locator(".dropdown-download-buttons button").first.click()
-    download = page.locator(".dropdown-download-buttons a[href$='.ipynb']")
-    download.first.wait_for(state="visible")
-    response = page.request.get(download.first.evaluate("a => a.href"))
-    assert response.ok and b'"cells"' in response.body(), "the download button does not serve a notebook"
-    assert b"BEGIN SOLUTION" not in response.body(), f"{path}: the download hands out the solution notebook"
+    assert launch["download_problem"] is None, f"{path}: the download menu does not open: {launch['download_problem']}"
+    assert launch["download_ok"] and launch["download_is_notebook"], "the download button does not serve a notebook"
+    assert not launch["download_has_solution"], f"{path}: the download hands out the solution notebook"
 
 
-def test_lesson_launch_button_opens_the_lesson(visit, repository_url):
-    if LESSON not in PAGES:
-        pytest.skip(f"{LESSON} is not in this build")
-    result = visit(LESSON)
-    page = result.page
-    page.locator(".dropdown-launch-buttons button").first.click()
-    colab = page.locator(".dropdown-launch-buttons a[href*='colab.research.google.com']")
-    colab.first.wait_for(state="visible")
+@pytest.mark.parametrize("path", per_page([LESSON] if LESSON in PAGES else []))
+def test_lesson_launch_button_opens_the_lesson(visit, path, repository_url):
+    launch = report(visit, LESSON, "desktop")["launch"]
+    assert launch["launch_problem"] is None, f"{LESSON}: the launch menu does not open: {launch['launch_problem']}"
     github_path = repository_url.removeprefix("https://github.com/")
-    assert colab.first.get_attribute("href") == (
+    assert launch["colab"] == (
         f"https://colab.research.google.com/github/{github_path}/blob/main/{LESSON.replace('.html', '.ipynb')}"
     )
 
@@ -345,36 +425,30 @@ def test_search_ranks_the_lesson_first(visit):
     assert re.match(r"(\.\./)?chapters/\d\d", links[0]), f"the first result for softmax is not a lesson: {links[:5]}"
 
 
-def test_solutions_start_collapsed_and_open_on_click(visit):
-    if not EXERCISE_PAGES:
-        pytest.skip("no exercise page in this build")
-    path = EXERCISE_PAGES[0]
-    result = visit(path)
-    page = result.page
-    hidden = page.locator("main details.hide")
-    assert hidden.count() > 0, f"{path}: no collapsed solution"
-    first = hidden.first
-    assert first.get_attribute("open") is None, "the solution starts open"
-    assert "Show solution" in first.locator("summary").inner_text()
-    code = first.locator(".highlight").first
-    assert not code.is_visible(), "solution code is visible before the reader opens it"
-    first.locator("summary").click()
-    code.wait_for(state="visible")
+@pytest.mark.parametrize("path", per_page([SOLUTION_PAGE] if SOLUTION_PAGE else []))
+def test_solutions_start_collapsed_and_open_on_click(visit, path):
+    measured = report(visit, path, "desktop")
+    state = measured["collapsed"]["main details.hide"]
+    assert state["count"] > 0, f"{path}: no collapsed solution"
+    assert state["open"] is None, "the solution starts open"
+    assert "Show solution" in state["summary"]
+    assert not state["content_visible"], "solution code is visible before the reader opens it"
+    problem = measured["opened"]["main details.hide"]
+    assert problem is None, f"{path}: the solution does not open on click: {problem}"
 
 
-def test_library_source_starts_collapsed(visit):
-    pages = [path for path in PAGES if soup(HTML / path).select("details.library-source")]
-    if not pages:
-        pytest.skip("no page of this build shows library source")
-    result = visit(pages[0])
-    source = result.page.locator("main details.library-source").first
-    assert source.get_attribute("open") is None
-    assert not source.locator(".highlight, pre").first.is_visible()
-    source.locator("summary").click()
-    source.locator("pre").first.wait_for(state="visible")
+@pytest.mark.parametrize("path", per_page([LIBRARY_SOURCE_PAGE] if LIBRARY_SOURCE_PAGE else []))
+def test_library_source_starts_collapsed(visit, path):
+    measured = report(visit, LIBRARY_SOURCE_PAGE, "desktop")
+    state = measured["collapsed"]["main details.library-source"]
+    assert state["count"] > 0, f"{LIBRARY_SOURCE_PAGE}: its library source is not in the browser's page"
+    assert state["open"] is None
+    assert not state["content_visible"]
+    problem = measured["opened"]["main details.library-source"]
+    assert problem is None, f"{LIBRARY_SOURCE_PAGE}: the library source does not open on click: {problem}"
 
 
-@pytest.mark.parametrize("path", SCREENSHOT_PAGES)
+@pytest.mark.parametrize("path", per_page(SCREENSHOT_PAGES))
 @pytest.mark.parametrize("mode", ["desktop", "phone", "dark"])
 def test_screenshot(visit, path, mode):
     """Screenshots for people to look at (and for the README), taken while the page is measured."""

@@ -20,6 +20,8 @@ from attention_course.grading.notebook_format import (
     TAG_SOLUTION_ONLY,
     cell_part,
     cell_tags,
+    check_cell_id,
+    graded_cell_id,
     learner_markdown,
     learner_source,
     notebook_exercise,
@@ -154,7 +156,10 @@ def test_learner_notebook_holds_no_solution(path):
         if cell.cell_type == "code":
             compile(cell.source, f"{path.name} cell {index}", "exec")  # valid Python for the learner
             assert cell.outputs == [] and cell.execution_count is None
-            assert cell.id == str(index), "cell ids are numbered as nbstripout does"
+            known = {TAG_GRADED: graded_cell_id, TAG_CHECK: check_cell_id}
+            made = [make(cell_part(cell)) for tag, make in known.items() if tag in cell_tags(cell)]
+            assert cell.id == (made[0] if made else str(index)), "ids: as nbstripout numbers them, but known "\
+                "ids for the graded and check cells"
     graded = {cell_part(c): c.source for c in nb.cells if TAG_GRADED in cell_tags(c)}
     assert set(graded) == {part.name for part in exercise.parts}
     solution = {cell_part(c): c.source for c in read(path.parent / "solutions" / path.name).cells

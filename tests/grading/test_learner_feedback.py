@@ -43,8 +43,9 @@ from attention_course.grading.notebook_format import (
 )
 from attention_course.grading.report import Roster, class_summary, common_failures, feedback_html, feedback_markdown
 from attention_course.grading.spec import InputWatch, _TrackedRun
-from tests.grading.mutants import MUTANTS
+from tests.grading.mutants import MUTANTS, apply
 from tests.grading.test_checks import SOLUTIONS, namespace_of, run_check
+from tests.grading.test_verdicts import _namespace, judge_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -636,3 +637,51 @@ def test_the_check_keeps_its_zygote_only_while_a_part_has_not_passed(monkeypatch
     assert not checker.passed("hard_attention_weights")
     checker.hard_attention_weights(_cell_function(_HARD, "right"))
     assert checker.passed("hard_attention_weights") and released == ["auto"]  # all passed: zygote stopped
+
+
+# --- h. every known mistake is named, not only measured (issue 43, item 4) ------------------------------------
+#: Mutants whose message still gives only a number or a shape ("differs from ... by up to 0.3", "expected your
+#: output of shape (4, 3)"): they declare no words. Every other mutant declares in ``says`` the words of the
+#: message that name its mistake, so a message that falls back to a number fails. Name one of these and move it out.
+NOT_YET_NAMED = frozenset({
+    "pooling_transposed", "self_attention_swapped_outputs", "one_query_naive_exp", "kv_hard_returns_keys",
+    "decoder_padding_as_queries",
+    "tiled_key_loop_over_queries", "lookup_offset_off_by_one", "preempted_blocks_never_freed",
+    "heads_wrong_output_labels", "mha_key_used_as_value",
+})
+#: Words that name no mistake: the generic comparisons every wrong answer gets.
+NUMBER_ONLY = re.compile(r"differs? from|by up to|expected your \w+ of shape|^your output$")
+
+
+@functools.cache
+def _failure_text(name: str) -> tuple[PartVerdict, str]:
+    """The verdict of the named mutant's part (seed 0, judged in this process) and its failing cases' messages."""
+    mutant = next(m for m in MUTANTS if m.name == name)
+    torch.manual_seed(0)
+    exercise, namespace = _namespace(apply(mutant))
+    verdict = judge_in_process(exercise, namespace, mutant.part, 0)
+    said = [case.message for case in verdict.cases if not case.passed] or [verdict.message]
+    return verdict, " ".join(" ".join(str(message).split()) for message in said)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_every_known_mistake_is_named_in_its_message(mutant):
+    verdict, text = _failure_text(mutant.name)
+    assert verdict.score < verdict.max_score, f"{mutant.name} loses no marks"
+    if mutant.name in NOT_YET_NAMED:
+        assert not mutant.says, f"{mutant.name} declares its words now: take it out of NOT_YET_NAMED"
+        return
+    assert mutant.says, (f"{mutant.name}: declare in tests/grading/mutants.py (says=...) the words of its message "
+                         f"that name the mistake; the message is: {text[:400]}")
+    assert not NUMBER_ONLY.search(mutant.says) and re.search(r"[a-z]{3}", mutant.says), (
+        f"{mutant.name}: {mutant.says!r} names no mistake")
+    assert mutant.says in text, f"{mutant.name}: the message does not say {mutant.says!r}: {text[:600]}"
+
+
+def test_most_known_mistakes_are_named():
+    """The share of mutants whose message names the mistake (issue 43: 186 of 219 before, 85%; 33 gave only a number or a shape;
+    the ones left are listed in NOT_YET_NAMED)."""
+    assert NOT_YET_NAMED <= {m.name for m in MUTANTS}
+    named = sum(1 for m in MUTANTS if m.says)
+    assert named + len(NOT_YET_NAMED) == len(MUTANTS)
+    assert named / len(MUTANTS) >= 0.95, f"{named} of {len(MUTANTS)} mutants' messages name their mistake"

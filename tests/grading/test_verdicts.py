@@ -8,6 +8,7 @@ test_learners.py. ex16 and ex17 are left to their own tests.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -41,20 +42,42 @@ def _namespace(nb: nbformat.NotebookNode, extra: tuple[str, ...] = ()) -> tuple[
     return exercise, namespace
 
 
+@functools.cache
+def drawn_cases(exercise_id: str, part_name: str, seed: int) -> tuple:
+    """The cases of ``part_name`` drawn from ``seed``, made once per test process: every mutant and simulated
+    learner of a part is judged on the same twenty draws (a draw depends on its seed alone), and some parts'
+    cases are dear to make (ex10's greedy_decode: about a second a draw). Never handed out: see
+    :func:`judge_in_process`."""
+    return tuple(get_exercise(exercise_id).part(part_name).make_cases(torch.Generator().manual_seed(seed)))
+
+
 def judge_in_process(exercise, namespace: dict, part_name: str, seed: int) -> PartVerdict:
-    """The verdict the check gives ``namespace``'s function for ``part_name`` on the cases of ``seed``."""
+    """The verdict the check gives ``namespace``'s function for ``part_name`` on the cases of ``seed``
+    (a deep copy of the drawn cases: what one function's run does to its cases reaches no other's)."""
     part = exercise.part(part_name)
-    cases = part.make_cases(torch.Generator().manual_seed(seed))
+    cases = copy.deepcopy(list(drawn_cases(exercise.id, part_name, seed)))
     outcomes = [outcome_of_call(functools.partial(part.run, namespace[part.function], case)) for case in cases]
     return dataclasses.replace(judge_part(part, cases, outcomes), all_or_nothing=part.all_or_nothing)
 
 
 @functools.cache
-def mutant_verdicts(name: str) -> tuple[PartVerdict, ...]:
-    mutant = next(m for m in OURS if m.name == name)
+def mutant_namespace(name: str) -> tuple[object, dict]:
+    """The exercise and the names that mutant ``name``'s graded cells define (run once)."""
     torch.manual_seed(0)
-    exercise, namespace = _namespace(apply(mutant))
-    return tuple(judge_in_process(exercise, namespace, mutant.part, seed) for seed in SEEDS)
+    return _namespace(apply(next(m for m in OURS if m.name == name)))
+
+
+@functools.cache
+def mutant_verdict(name: str, seed: int) -> PartVerdict:
+    """The verdict of mutant ``name`` on the draw of ``seed`` (PyTorch's global generator seeded too, so that
+    the verdict does not depend on which draws this process judged before)."""
+    exercise, namespace = mutant_namespace(name)
+    torch.manual_seed(seed)
+    return judge_in_process(exercise, namespace, next(m for m in OURS if m.name == name).part, seed)
+
+
+def mutant_verdicts(name: str) -> tuple[PartVerdict, ...]:
+    return tuple(mutant_verdict(name, seed) for seed in SEEDS)
 
 
 @pytest.mark.parametrize("mutant", OURS, ids=[m.name for m in OURS])
@@ -90,7 +113,7 @@ def test_every_degenerate_case_hides_a_known_mistake():
     for notebook, part_name, case_name in _degenerate_cases():
         mutants = [m.name for m in OURS if (m.notebook, m.part) == (notebook, part_name)]
         passed_by = [name for name in mutants
-                     if any(case.passed for case in mutant_verdicts(name)[0].cases if case.name == case_name)]
+                     if any(case.passed for case in mutant_verdict(name, 0).cases if case.name == case_name)]
         if not passed_by:
             unused.append(f"{part_name}: {case_name}")
     assert not unused, f"degenerate cases no known mistake passes: {unused}"

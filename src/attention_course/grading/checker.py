@@ -12,6 +12,17 @@ in a sandbox of its own), which imports them once and forks a fresh process for 
 checks it kills whatever the last one left running and removes what it left in ``/tmp``, and a check that
 ends badly takes the zygote with it. Once every part passes the zygote stops.
 
+Which cell is graded: the grader reads, for each part, the saved notebook's graded cell (tag ``graded``) and
+carries plain functions and imports from the code cells still in the notebook. The check applies the same
+rule to what the kernel ran, cell by cell: front ends that send a cell id with each execution (JupyterLab,
+Notebook 7; IPython passes it to the ``pre_run_cell`` event as ``ExecutionInfo.cell_id``) let it take each
+part's code from the latest run of the cell with the handed-out id ``graded-<part>`` (or, where the front end
+sends the cell's metadata, as JupyterLab does, a cell tagged ``graded`` for the part), whatever cell defined
+the function passed to it, and carry helpers only from cells not deleted since (JupyterLab reports deleted
+cells with the next execution). Where the kernel cannot tell cells apart (no cell ids: plain IPython, older
+front ends, or a notebook without the handed-out ids) it judges the cell that defined the function, as it
+ran, and says once exactly what the grader will read instead (:data:`NO_CELL_IDS`).
+
 Where the learner's code depends on something the grader will not see (a helper or an import in another
 cell, an edited check cell), the check says so in words. Outside a notebook kernel (a function whose cell
 source is unknown, e.g. built with ``exec``) the check runs the function in this process instead, with the
@@ -34,6 +45,7 @@ import torch
 
 from attention_course.grading.evaluate import (
     assemble,
+    bound_names,
     carried_definitions,
     check_cell_ok,
     dependencies,
@@ -45,10 +57,16 @@ from attention_course.grading.feedback import format_hint, format_overview, form
 from attention_course.grading.findings import FailureKind
 from attention_course.grading.judge import PartVerdict, failed_part, judge_part
 from attention_course.grading.library_rules import exercise_allowed, library_aliases, library_problem
+from attention_course.grading.notebook_format import (
+    METADATA_KEY,
+    TAG_GRADED,
+    defined_names,
+    handout_cell_part,
+)
 from attention_course.grading.spec import Exercise, Part
 from attention_course.grading.wire import describe, outcome_of_call
 
-__all__ = ["Checker", "exercise", "NOTEBOOK_TIME_LIMIT"]
+__all__ = ["CellLog", "Checker", "exercise", "NOTEBOOK_TIME_LIMIT", "NO_CELL_IDS"]
 
 #: Seconds a part's cases may take in the notebook check, unless the part sets its own ``time_limit``.
 NOTEBOOK_TIME_LIMIT = 20.0
@@ -108,6 +126,179 @@ def _current_cell(shell: Any) -> str | None:
         return history[-1] if history else None
     except Exception:
         return None
+
+
+# --- which cell is which: the cell ids front ends send with each execution ------------------------------
+#: What the check says, once, where the kernel cannot tell the notebook's cells apart.
+NO_CELL_IDS = ("(This check cannot tell which notebook cell is which: {why}. So it judges the cell where "
+               "you last defined your function, as you ran it, with helpers from any cell you ran. The grader "
+               "reads the saved notebook instead: for each part only its graded cell (the one under the "
+               "part's heading, where you were asked to write the function), and plain functions and imports "
+               "from the code cells still in the notebook. An answer written in another cell, or a helper in "
+               "a cell you deleted, earns nothing there: keep each answer in its graded cell.)")
+
+
+@dataclasses.dataclass
+class _Run:
+    """The latest run of one cell: its source, and the part it is the graded cell of (``None``: none)."""
+
+    source: str
+    part: str | None
+
+
+class CellLog:
+    """The cells this kernel ran, by the id the front end sent with each execution (latest run of each).
+
+    Filled by IPython's ``pre_run_cell`` event (:meth:`install`). ``deleted`` holds the ids of cells the
+    front end reported deleted (JupyterLab sends ``deletedCells`` in each execute request's metadata: the
+    cells deleted since the previous execution); ``tracks_deletions`` says whether it ever did. ``start``
+    is the number of inputs the kernel had run before the log started (their cell ids are not known).
+    """
+
+    def __init__(self, start: int = 0) -> None:
+        self.runs: dict[str, _Run] = {}
+        self.deleted: set[str] = set()
+        self.tracks_deletions = False
+        self.current: str | None = None
+        self.start = start
+
+    def record(self, cell_id: Any, source: Any, metadata: Any) -> None:
+        """One execution: ``cell_id`` (``None`` when the front end sent none), its source, and the execute
+        request's metadata (JupyterLab: ``cellId``, ``deletedCells`` and the cell's own metadata)."""
+        metadata = metadata if isinstance(metadata, dict) else {}
+        deleted = metadata.get("deletedCells")
+        if isinstance(deleted, list):
+            self.tracks_deletions = True
+            self.deleted.update(item for item in deleted if isinstance(item, str))
+        self.current = cell_id if isinstance(cell_id, str) and cell_id else None
+        if self.current is None or not isinstance(source, str):
+            return
+        self.deleted.discard(self.current)  # run again: it is there (an undone deletion keeps its id)
+        self.runs.pop(self.current, None)
+        self.runs[self.current] = _Run(source, _graded_part(self.current, metadata))  # dict order: latest last
+
+    def present(self) -> list[tuple[str, _Run]]:
+        """``(cell id, latest run)`` of every cell not reported deleted, the latest run last."""
+        return [(cell_id, run) for cell_id, run in self.runs.items() if cell_id not in self.deleted]
+
+    def knows(self, exercise: Exercise) -> bool:
+        """Whether the cells the kernel ran name this exercise's graded or check cells (handed-out ids, or the
+        metadata JupyterLab sends): only then can the check find the cells the grader reads."""
+        names = {part.name for part in exercise.parts}
+        for cell_id, run in self.runs.items():
+            known = handout_cell_part(cell_id)
+            if run.part in names or (known is not None and known[1] in names):
+                return True
+        return False
+
+    @classmethod
+    def install(cls, shell: Any) -> CellLog | None:
+        """The log of ``shell`` (an IPython shell), started on the first call; ``None`` outside IPython."""
+        if shell is None or getattr(shell, "events", None) is None:
+            return None
+        log = _LOGS.get(id(shell))
+        if log is not None and log[0] is shell:
+            return log[1]
+        new = cls(start=max(0, len(_history(shell)) - 1))
+
+        def pre_run_cell(info: Any) -> None:
+            try:
+                metadata = _request_metadata(shell)
+                new.record(getattr(info, "cell_id", None) or metadata.get("cellId"),
+                           getattr(info, "raw_cell", None), metadata)
+            except Exception:  # never in the way of the learner's cell
+                new.current = None
+
+        try:
+            shell.events.register("pre_run_cell", pre_run_cell)
+        except Exception:
+            return None
+        # The cell running now (that called exercise(...)) ran before the log started: record it from the request.
+        metadata = _request_metadata(shell)
+        current = _current_cell(shell)
+        new.record(metadata.get("cellId"), current, metadata)
+        _LOGS[id(shell)] = (shell, new)
+        return new
+
+
+_LOGS: dict[int, tuple[Any, CellLog]] = {}
+
+
+def _graded_part(cell_id: str, metadata: dict) -> str | None:
+    """The part whose graded cell this is: by its handed-out id, else by the cell metadata the front end sent."""
+    known = handout_cell_part(cell_id)
+    if known is not None:
+        return known[1] if known[0] == "graded" else None
+    tags = metadata.get("tags")
+    grading = metadata.get(METADATA_KEY)
+    part = grading.get("part") if isinstance(grading, dict) else None
+    if isinstance(tags, list) and TAG_GRADED in tags and isinstance(part, str):
+        return part
+    return None
+
+
+def _request_metadata(shell: Any) -> dict:
+    """The metadata of the execute request being run (ipykernel), or ``{}``."""
+    get_parent = getattr(getattr(shell, "kernel", None), "get_parent", None)
+    if get_parent is None:  # plain IPython: no kernel, no request
+        return {}
+    try:
+        try:
+            parent = get_parent("shell")
+        except TypeError:  # ipykernel before 6
+            parent = get_parent()
+    except Exception:
+        return {}
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+@dataclasses.dataclass
+class _ByCell:
+    """The graded cells as the grader will choose them, found by cell id in the kernel's runs."""
+
+    sources: dict[str, str]  # part -> source of the latest run of its graded cell
+    others: list[str]  # sources of the other cells still present (carry helpers from these)
+    deleted: set[str]  # parts whose graded cell was deleted
+    doubled: list[str]  # parts with more than one graded cell
+    tracks_deletions: bool
+    gone: list[str] = dataclasses.field(default_factory=list)  # sources of the cells reported deleted
+
+
+def _defined_only_in(name: str, by_cell: _ByCell) -> bool:
+    """Whether ``name`` is bound by a deleted cell and by no cell still present."""
+    return (any(name in bound_names(source) for source in by_cell.gone)
+            and not any(name in bound_names(source) for source in [*by_cell.others, *by_cell.sources.values()]))
+
+
+def _by_cell(log: CellLog, exercise: Exercise, shell: Any) -> _ByCell:
+    present = log.present()
+    sources: dict[str, str] = {}
+    chosen: set[str] = set()
+    doubled: list[str] = []
+    for part in exercise.parts:
+        found = [(cell_id, run) for cell_id, run in present if run.part == part.name]
+        if len(found) > 1:
+            doubled.append(part.name)
+            found = [cell for cell in found if part.function in defined_names(cell[1].source)] or found
+        if found:
+            chosen.add(found[-1][0])
+            sources[part.name] = found[-1][1].source
+    deleted = {part.name for part in exercise.parts if part.name not in sources and any(
+        run.part == part.name for cell_id, run in log.runs.items() if cell_id in log.deleted)}
+    before = _history(shell)[1:log.start] if shell is not None else []  # run before the log started
+    others = [*before, *(run.source for cell_id, run in present if cell_id not in chosen)]
+    gone = [run.source for cell_id, run in log.runs.items() if cell_id in log.deleted]
+    return _ByCell(sources, others, deleted, doubled, log.tracks_deletions, gone)
+
+
+def _same_code(shell: Any, defined_in: str, graded: str) -> bool:
+    """Whether a function's cell (as compiled: transformed) is the graded cell (as typed)."""
+    try:
+        graded = shell.transform_cell(graded)
+    except Exception:
+        pass
+    return defined_in.strip() == graded.strip()
 
 
 class Checker:
@@ -190,14 +381,33 @@ class Checker:
                                      f"call check.{part.name}({part.function})", kind=FailureKind.TYPE)
         seed = self._seed if self._seed is not None else _fresh_seed()
         own = cell_source(obj)
-        if self._isolated is False or (own is None and not self._isolated):
+        by_cell = self._cells_by_id(notes)
+        if self._isolated is False or (own is None and by_cell is None and not self._isolated):
             self._say_once(notes, "in-process",
                            "(Checked in this process: the source of your cell is not known here, so this check "
                            "cannot run it the way the grader does; in a notebook it can.)")
             cases = part.make_cases(torch.Generator().manual_seed(seed))
             outcomes = [outcome_of_call(functools.partial(part.run, obj, case)) for case in cases]
             return dataclasses.replace(judge_part(part, cases, outcomes), all_or_nothing=part.all_or_nothing)
-        return self._judge_isolated(part, obj, seed, notes)
+        return self._judge_isolated(part, obj, seed, notes, by_cell)
+
+    def _cells_by_id(self, notes: list[str]) -> _ByCell | None:
+        """The graded cells as the grader will choose them, where the kernel knows which cell is which (the
+        front end sent this check's cell id, and the cells run carry the handed-out ids); else ``None``, and
+        the check says once what the grader will read instead."""
+        shell = _kernel()
+        if shell is None or self._namespace is not None:
+            return None
+        log = CellLog.install(shell)
+        if log is not None and log.current is not None and log.knows(self._exercise):
+            return _by_cell(log, self._exercise, shell)
+        if log is None or log.current is None:
+            why = "your front end does not send the id of the cell it runs (plain IPython, older front ends)"
+        else:
+            why = ("the cells you ran do not carry the handed-out notebook's cell ids (your front end sends ids of "
+                   "its own, or this notebook is a copy or an older version)")
+        self._say_once(notes, "no-cell-ids", NO_CELL_IDS.format(why=why))
+        return None
 
     def _graded_sources(self, part: Part, obj: Any, notes: list[str]) -> dict[str, str]:
         """part -> source of the cell that defined its function in this kernel (``obj`` for ``part``)."""
@@ -217,20 +427,43 @@ class Checker:
                 pass
         return sources
 
-    def _judge_isolated(self, part: Part, obj: Any, seed: int, notes: list[str]) -> PartVerdict:
+    def _judge_isolated(self, part: Part, obj: Any, seed: int, notes: list[str],
+                        by_cell: _ByCell | None = None) -> PartVerdict:
         from attention_course.grading import sandbox
 
         exercise = self._exercise
-        sources = self._graded_sources(part, obj, notes)
+        shell = _kernel()
+        if by_cell is not None:  # the cells the grader will read, by cell id
+            sources = dict(by_cell.sources)
+            others = by_cell.others
+            if part.name not in sources:
+                index = self._part_names().index(part.name) + 1
+                state = ("was deleted: the grader finds no graded cell for it and gives it no marks"
+                         if part.name in by_cell.deleted else
+                         "has not been run in this kernel; the grader reads only that cell, so run it, then this "
+                         "check")
+                return failed_part(part, f"the graded cell of part {index} (under its heading, where you write "
+                                         f"`{part.function}`) {state}", kind=FailureKind.MISSING)
+            own = cell_source(obj)
+            if own is not None and not _same_code(shell, own[1], sources[part.name]):
+                notes.append(f"Note: the `{part.function}` you passed was defined in another cell than this part's "
+                             f"graded cell. The grader reads only the graded cell (under the part's heading), so "
+                             f"this check judges that cell as you last ran it: move your answer there.")
+            if part.name in by_cell.doubled:
+                notes.append(f"Note: this notebook has more than one graded cell for this part: the grader grades "
+                             f"the last one in the notebook that defines `{part.function}`; this check judged the "
+                             f"one you ran last. Delete the others.")
+        else:
+            sources = self._graded_sources(part, obj, notes)
+            others = _history(shell) if shell is not None else []
         if part.name not in sources:
             return failed_part(part, f"the cell that defines `{part.function}` could not be found; run it again",
                                kind=FailureKind.MISSING)
         # Plain functions and imports from the learner's other cells travel with the graded cells, as in the
-        # grader (which reads them from the notebook; here they come from the kernel's history of inputs).
+        # grader (which reads them from the notebook; here they come from the cells the kernel ran: by cell id,
+        # those not deleted since; without cell ids, its whole history of inputs).
         namespace = self._learner_namespace()
-        shell = _kernel()
-        carried = carried_definitions(sources, _history(shell) if shell is not None else [], exercise.preamble,
-                                      [p.function for p in exercise.parts])
+        carried = carried_definitions(sources, others, exercise.preamble, [p.function for p in exercise.parts])
         carried = {name: found for name, found in carried.items() if all(n in namespace for n in found[1])}
         sources = {name: with_carried(source, carried.get(name)) for name, source in sources.items()}
         ordered = [(index, p.name, sources[p.name]) for index, p in enumerate(exercise.parts) if p.name in sources]
@@ -241,10 +474,23 @@ class Checker:
             notes.append(f"Note: the graded code of this part uses {names} from another cell: the grader carries "
                          f"plain functions and imports from your other cells into the graded run, and so does this "
                          f"check. Anything else (a variable, a class) it does not carry: keep that in a graded cell.")
+            if by_cell is not None and not by_cell.tracks_deletions:
+                self._say_once(notes, "deletions",
+                               "(Your front end does not tell the kernel which cells you delete: the grader carries "
+                               "a helper only from a cell still in the notebook you submit.)")
         # What the grader will not see: names from other cells it does not carry, an edited check cell.
         missing = sorted(name for name in outside_names([s for _, _, s in ordered], exercise.preamble,
                                                          [sources[p.name] for p in involved if p.name in sources])
                          if name in namespace)
+        # Names only a deleted cell defined: the kernel still has them, the saved notebook does not.
+        deleted = [] if by_cell is None else [name for name in missing if _defined_only_in(name, by_cell)]
+        if deleted:
+            names = ", ".join(f"`{name}`" for name in deleted)
+            notes.append(f"Warning: the graded code of this part uses {names}, defined in a cell you deleted. The "
+                         f"kernel still has it, but the grader reads the saved notebook and carries helpers only "
+                         f"from cells still in it, so this part fails there, as it does here: restore the cell, or "
+                         f"move the helper into the graded cell.")
+        missing = [name for name in missing if name not in deleted]
         if missing:
             names = ", ".join(f"`{name}`" for name in missing)
             notes.append(f"Warning: the graded code of this part uses {names}, defined in a cell the grader does not "
@@ -329,6 +575,7 @@ def exercise(exercise_id: str, seed: int | None = None, time_limit: float | None
     """
     checker = Checker(get_exercise(exercise_id), seed=seed, time_limit=time_limit)
     ex = checker._exercise
+    CellLog.install(_kernel())  # from now on, note which cell each run was (where the front end says so)
     if _kernel() is not None:  # in a notebook: start the first check's worker while the learner writes code
         from attention_course.grading import sandbox
 

@@ -7,7 +7,11 @@
   stub, or the block's ``### BUGGY`` starting code
   (see :func:`~attention_course.grading.notebook_format.learner_source`);
 - cells tagged ``solution-only`` are dropped, ``hide-input`` tags are removed;
-- outputs and execution counts are stripped and cell ids renumbered, as ``nbstripout`` would.
+- outputs and execution counts are stripped and cell ids renumbered, as ``nbstripout`` would, except the
+  graded and check cells: their ids are ``graded-<part>`` and ``check-<part>``
+  (:func:`~attention_course.grading.notebook_format.graded_cell_id`), the same in every handout, so that
+  the notebook check can tell, from the id a front end sends with each execution, which cell the grader
+  will read (verify the learner notebooks with ``nbstripout --verify --keep-id``).
 
 The output depends only on the input, so generating twice changes nothing. ``--check`` writes nothing and
 exits with status 1 when a learner notebook is missing or differs from what would be generated (CI).
@@ -23,9 +27,14 @@ from pathlib import Path
 import nbformat
 
 from attention_course.grading.notebook_format import (
+    TAG_CHECK,
+    TAG_GRADED,
     TAG_HIDE_INPUT,
     TAG_SOLUTION_ONLY,
+    cell_part,
     cell_tags,
+    check_cell_id,
+    graded_cell_id,
     learner_markdown,
     learner_source,
     normalize,
@@ -33,7 +42,7 @@ from attention_course.grading.notebook_format import (
     strip_tags,
 )
 
-__all__ = ["learner_notebook", "render", "generate", "main"]
+__all__ = ["handout_ids", "learner_notebook", "render", "generate", "main"]
 
 
 def learner_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
@@ -56,7 +65,28 @@ def learner_notebook(solution: nbformat.NotebookNode, name: str = "notebook") ->
         strip_tags(cell, [TAG_HIDE_INPUT])
         cells.append(cell)
     nb.cells = cells
-    return normalize(nb)
+    return handout_ids(normalize(nb), name)
+
+
+def handout_ids(nb: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
+    """Give each graded and check cell its known id (``graded-<part>``, ``check-<part>``), in place.
+
+    Raises:
+        ValueError: two graded (or two check) cells for one part: their ids would clash.
+    """
+    seen: set[str] = set()
+    for index, cell in enumerate(nb.cells):
+        part, tags = cell_part(cell), cell_tags(cell)
+        if cell.cell_type != "code" or part is None:
+            continue
+        for tag, make_id in ((TAG_GRADED, graded_cell_id), (TAG_CHECK, check_cell_id)):
+            if tag in tags:
+                cell_id = make_id(part)
+                if cell_id in seen:
+                    raise ValueError(f"{name}, cell {index}: a second {tag!r} cell for part {part!r}")
+                seen.add(cell_id)
+                cell["id"] = cell_id
+    return nb
 
 
 def render(nb: nbformat.NotebookNode) -> str:

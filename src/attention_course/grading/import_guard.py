@@ -22,28 +22,31 @@ the others). Before the first learner cell runs, :func:`guard_library`:
    ``find_class`` of a course module; ``gc.get_objects``, ``get_referrers`` and ``get_referents``; every
    way to a frame (``sys._getframe``, ``tb_frame``, ``gi_frame``, ``cr_frame``, ``ag_frame``,
    ``sys._current_frames``, ``sys.settrace``, ``sys.setprofile``); ``ctypes``; starting another program;
-   and a second audit hook. The worker's own frame walk (where an error happened) runs in ``trusted``
-   windows of the main thread, which run no learner code; threads the learner starts are never trusted.
+   and a second audit hook. The hook keeps no state that says when to relax: the one exception is by code
+   identity, the worker's own traceback walk (``wire.where``'s ``walk``, which reads file names and line
+   numbers, runs no learner code and hands back no frame) may read ``tb_frame``.
 
 What it does not stop, and what does: code in the learner's process can read and write that process's
 memory without an audit event (NumPy's ``__array_interface__`` on a raw address, for one), and so can
-switch this hook off. An in-process guard cannot stand against that; it is defence in depth. What holds
-whatever the learner writes into memory is outside the process: the parts of one attempt share one
-allowance, the references and verdicts are computed in the grader's process (cases travel without their
-private data), the sandbox (bubblewrap, seccomp) keeps the process from everything else, and the source
-check reads every cell. It cannot catch a learner who copies the library's public source into a cell
+unhook or rewrite this guard. An in-process guard cannot stand against that; it is defence in depth. What
+holds whatever the learner writes into memory is outside the process: in a sandbox, the course package is
+a view holding only the modules this job needs or allows (:mod:`attention_course.grading.package_view`:
+a module that is not there cannot be imported), the parts of one attempt share one allowance, the
+references and verdicts are computed in the grader's process (cases travel without their private data),
+the sandbox (bubblewrap, seccomp) keeps the process from everything else, and the source check reads
+every cell. For a module the view holds but a part may not use (one its cases need), this guard is the
+only run-time barrier. It cannot catch a learner who copies the library's public source into a cell
 (plagiarism, not an attack on the grader). ``chapters/instructors.md`` has the table of what holds how.
 """
 
 from __future__ import annotations
 
-import _thread
 import gc
 import os
 import sys
 import types
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 __all__ = ["Guard", "guard_library"]
 
@@ -58,7 +61,6 @@ _REFUSED_EVENTS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_refer
 _EXEC_EVENTS = frozenset({"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.startfile"})
 #: Modules that start programs without an audit event of their own.
 _EXEC_MODULES = frozenset({"_posixsubprocess"})
-T = TypeVar("T")
 
 
 class LibraryRuleError(PermissionError):
@@ -79,19 +81,25 @@ def _is_course(name: object) -> bool:
 
 
 class Guard:
-    """What the worker keeps of an installed guard (hold it in a local variable only).
+    """What the worker keeps of an installed guard.
 
     Attributes:
-        trusted: ``trusted(fn)``: ``fn()`` with the hook relaxed for the main thread; only for the worker's
-            own code that runs no learner code (walking a traceback's frames).
         intact: ``intact()``: whether ``sys.modules`` still looks as the guard left it.
     """
 
-    __slots__ = ("trusted", "intact")
+    __slots__ = ("intact",)
 
-    def __init__(self, trusted: Callable[[Callable[[], T]], T], intact: Callable[[], bool]) -> None:
-        self.trusted = trusted
+    def __init__(self, intact: Callable[[], bool]) -> None:
         self.intact = intact
+
+
+def _frame_walkers() -> frozenset[types.CodeType]:
+    """The code of the worker's own traceback walk (``wire.where``'s ``walk``): the one code that may read
+    ``tb_frame``. It reads file names and line numbers only, runs no learner code and hands back no frame."""
+    from attention_course.grading import wire
+
+    return frozenset(const for const in wire.where.__code__.co_consts
+                     if isinstance(const, types.CodeType) and const.co_name == "walk")
 
 
 # --- pruning ------------------------------------------------------------------------------------------
@@ -204,8 +212,7 @@ def guard_library(exercise_id: str, allowed: frozenset[str], roots: Iterable[Any
 
     package_dir = os.path.realpath(os.path.dirname(attention_course.__file__))
     union = frozenset(allowed)
-    depth = [0]  # trusted windows of the main thread open now (reachable from the worker's frames only)
-    main_thread = _thread.get_ident()
+    walkers = _frame_walkers()  # immutable: the hook keeps no state that could be switched
 
     allowed_objects = [value for name, value in vars(attention_course).items() if name in union]
     _prune([*roots, *allowed_objects])
@@ -254,11 +261,17 @@ def guard_library(exercise_id: str, allowed: frozenset[str], roots: Iterable[Any
             return os.path.basename(caller.f_code.co_filename) == "traceback.py"
         return True
 
+    def walking() -> bool:
+        """Whether the frame that triggered this event runs the worker's traceback walk (the hook's caller:
+        its own ``sys._getframe`` call is let through below, as the frame it returns runs that walk)."""
+        try:
+            return sys._getframe(2).f_code in walkers
+        except (ValueError, RuntimeError):
+            return False
+
     def hook(event: str, args: tuple) -> None:
         if event == "sys.addaudithook":
             raise _HookRefused("graded code may not add audit hooks")
-        if depth[0] and _thread.get_ident() == main_thread:
-            return
         if event == "import":
             if args and args[0] in _EXEC_MODULES:
                 raise ImportError(f"graded code may not import {args[0]} (it starts other programs)")
@@ -273,10 +286,12 @@ def guard_library(exercise_id: str, allowed: frozenset[str], roots: Iterable[Any
                 raise LibraryRuleError("graded code may not unpickle the course library's objects")
         elif event == "object.__getattr__":
             if len(args) > 1 and args[1] in _FRAME_ATTRIBUTES:
+                if args[1] == "tb_frame" and walking():
+                    return
                 raise FrameAccessRefused(f"graded code may not inspect frames ({args[1]})")
         elif event in _REFUSED_EVENTS:
             if event == "sys._getframe":
-                if args and library_frame(args[0]):
+                if args and (getattr(args[0], "f_code", None) in walkers or library_frame(args[0])):
                     return
                 raise FrameAccessRefused("graded code may not inspect frames (sys._getframe)")
             raise LibraryRuleError(f"graded code may not use {event}")
@@ -287,16 +302,7 @@ def guard_library(exercise_id: str, allowed: frozenset[str], roots: Iterable[Any
 
     sys.addaudithook(hook)
 
-    def trusted(function: Callable[[], T]) -> T:
-        if _thread.get_ident() != main_thread:
-            raise LibraryRuleError("only the worker's main thread may relax the guard")
-        depth[0] += 1
-        try:
-            return function()
-        finally:
-            depth[0] -= 1
-
     def intact() -> bool:
         return not any(_is_course(key) and key != _PACKAGE for key in list(sys.modules))
 
-    return Guard(trusted, intact)
+    return Guard(intact)

@@ -6,9 +6,11 @@ The grader runs each notebook's graded cells in a fresh **sandbox** (see
 - new PID, network, IPC and UTS namespaces (no network, no view of other processes, killed as one when
   the grader kills it: ``--die-with-parent``, ``--new-session``);
 - a filesystem made only of read-only binds of what Python needs (``/usr``, the Python installation, the
-  virtual environment, the course package's source folder) and a private, size-capped tmpfs at ``/tmp``
-  as its only writable place. The submissions, the solution notebooks, the grades, the instructor's home
-  and the rest of the repository do not exist inside;
+  virtual environment) and a private, size-capped tmpfs at ``/tmp`` as its only writable place; at the
+  course package's path, a view of it holding only the modules the job may use
+  (:mod:`attention_course.grading.package_view`; without a view, the package's source folder). The
+  submissions, the solution notebooks, the grades, the instructor's home and the rest of the repository
+  do not exist inside;
 - an unprivileged user: as root (with CAP_SYS_ADMIN: the ``"root"`` mode), the grader hands the sandbox a
   uid of its own (so the process limit counts that sandbox only); otherwise (not root, or root without
   CAP_SYS_ADMIN as in a container with Docker's default capabilities: the ``"userns"`` mode, see
@@ -201,9 +203,10 @@ def _real(path: str | Path) -> str:
     return str(Path(path).resolve())
 
 
-def _read_only_paths() -> list[str]:
-    """What the worker needs to read: the Python installation, the environment, the course package."""
-    candidates = [sys.base_prefix, sys.prefix, sys.exec_prefix, str(package_root())]
+def _read_only_paths(package: bool = True) -> list[str]:
+    """What the worker needs to read: the Python installation, the environment, the course package (with
+    ``package=False``, not the package's folder: a view takes its place)."""
+    candidates = [sys.base_prefix, sys.prefix, sys.exec_prefix] + ([str(package_root())] if package else [])
     # Where the interpreter's own files really live (a venv's python is a symlink into the base install).
     candidates.append(str(Path(_real(sys.executable)).parents[1]))
     paths: list[str] = []
@@ -241,7 +244,7 @@ def sandbox_mode() -> str:
 
 
 def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = None, seccomp: int | None = None,
-                    mode: str | None = None) -> list[str]:
+                    mode: str | None = None, view: str | Path | None = None) -> list[str]:
     """The ``bwrap`` command line that runs ``argv`` in a fresh sandbox (see the module docstring).
 
     Args:
@@ -251,6 +254,8 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
         seccomp: a file descriptor holding :func:`userns_filter` (:func:`seccomp_fd`), passed to bwrap with
             the command: no process in the sandbox can make a user namespace.
         mode: ``"root"`` or ``"userns"`` (default :func:`sandbox_mode`).
+        view: a folder bound read-only at the package's path (``<package root>/attention_course``) in place of
+            the package (:mod:`attention_course.grading.package_view`); ``None``: the whole package.
     """
     limits = limits or Limits()
     path = bwrap_path()
@@ -277,13 +282,16 @@ def sandbox_command(argv: list[str], uid: int | None, limits: Limits | None = No
         command += ["--size", str(limits.tmpfs), "--perms", "1777", "--tmpfs", "/tmp"]
     else:
         command += ["--tmpfs", "/tmp", "--chmod", "1777", "/tmp"]
-    bound = _read_only_paths()
-    parents = sorted({str(parent) for path in bound for parent in Path(path).parents}- {"/", "/tmp"},
-                     key=lambda p: p.count("/"))
+    bound = _read_only_paths() if view is None else _read_only_paths(package=False)
+    target = str(package_root() / "attention_course")
+    parents = sorted({str(parent) for path in [*bound, *([target] if view is not None else [])]
+                      for parent in Path(path).parents} - {"/", "/tmp"}, key=lambda p: p.count("/"))
     for parent in parents:  # made by bwrap with mode 0700 otherwise: unreadable once the worker drops root
         command += ["--perms", "0755", "--dir", parent]
     for read_only in bound:
         command += ["--ro-bind", read_only, read_only]
+    if view is not None:  # last: over the package where an environment bound above holds it
+        command += ["--ro-bind", str(view), target]
     command += ["--chdir", "/tmp"]
     environment = worker_environment()
     if uid is not None:

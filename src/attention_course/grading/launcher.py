@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attention_course.grading import memory_cgroup
+from attention_course.grading import memory_cgroup, package_view
 from attention_course.grading.channel import FrameReader, parse_header
 from attention_course.grading.isolation import (
     SANDBOX_UID_BASE,
@@ -182,6 +182,8 @@ class Sandbox:
         # sweep_leftovers a dead grader's)
         self.dir = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self.log = self.dir / OUTPUT_LOG
+        # The package as this sandbox sees it: the worker's modules, then the job's (package_view).
+        self.view = package_view.new_view(self.dir) if isolated else None
         self._uid = _uids.take() if isolated and os.geteuid() == 0 and sandbox_mode() == "root" else None
         self._killed = False
         self.peak_memory: int | None = None  # bytes, from the memory cgroup, once killed
@@ -217,7 +219,7 @@ class Sandbox:
         seccomp = seccomp_fd() if isolated else None  # no new user namespace inside (read by bwrap)
         try:
             if isolated:
-                command = sandbox_command(argv, uid=self._uid, limits=limits, seccomp=seccomp)
+                command = sandbox_command(argv, uid=self._uid, limits=limits, seccomp=seccomp, view=self.view)
                 if cgroup is None and memory_cgroup.cgroup_support()[0] == "systemd":
                     command = memory_cgroup.systemd_prefix(limits.cgroup_limit) + command
                 env = worker_environment()
@@ -413,6 +415,7 @@ class ForkedWorker:
     def __init__(self, zygote: Zygote, log: Path) -> None:
         self.zygote = zygote
         self.isolated = zygote.isolated
+        self.view = zygote.sandbox.view  # refilled for each job (jobs of a zygote come one at a time)
         self.log = log
         self.peak_memory: int | None = None
         self._code: int | None = None

@@ -22,6 +22,10 @@ Enforcement has layers (``chapters/instructors.md`` has the table of what each h
 - parts with different allowances are judged in separate sandboxes
   (:func:`attention_course.grading.sandbox.run_parts` groups them by :func:`part_table`), so a worker's
   allowance is fixed for its life;
+- each sandbox sees a view of the package (:mod:`attention_course.grading.package_view`) holding only the
+  worker's modules, the exercise's sandbox side, the modules its cases are made of and those of its
+  group's allowance: any other module has no file there and cannot be imported, whatever the learner's
+  code writes into memory;
 - ``attention_course.grading.import_guard.guard_library`` (in the worker, before the learner's cells
   run): the names outside that allowance hidden and the other routes to the library (``__import__`` of a
   built name, ``importlib``, a ``sys.modules`` scan, the garbage collector, ``pickle``, frames, the

@@ -10,12 +10,16 @@ A notebook is an exercise when its metadata holds ``{"grading": {"exercise": "<i
 - tag ``solution-only``: dropped from the learner notebook;
 - tag ``hide-input``: collapses the code on the website (solution notebooks); dropped for learners.
 
-Graded cells are found by these tags and metadata, never by position.
+Graded cells are found by these tags and metadata, never by position. In the learner notebooks the graded
+and check cells also carry known cell ids, ``graded-<part>`` and ``check-<part>``
+(:func:`graded_cell_id`, :func:`check_cell_id`): front ends that send a cell's id with each execution
+(JupyterLab, Notebook 7) let the notebook check find the very cell the grader will read.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,6 +38,9 @@ __all__ = [
     "STUB",
     "cell_part",
     "cell_tags",
+    "check_cell_id",
+    "graded_cell_id",
+    "handout_cell_part",
     "defined_names",
     "learner_source",
     "normalize",
@@ -65,6 +72,43 @@ MARKDOWN_STUB = "*Write your answer here.*"
 
 # Cell metadata that editors add and nbstripout removes: never committed.
 _VOLATILE_CELL_METADATA = ("collapsed", "scrolled", "ExecuteTime", "execution", "heading_collapsed", "hidden")
+
+
+#: How the learner notebooks name the cell ids of a part's graded and check cells.
+GRADED_ID_PREFIX = "graded-"
+CHECK_ID_PREFIX = "check-"
+_CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # nbformat 4.5's rule for cell ids
+
+
+def graded_cell_id(part: str) -> str:
+    """The cell id of part ``part``'s graded cell in a learner notebook, e.g. ``graded-soft_attention_weights``.
+
+    Raises:
+        ValueError: ``part`` would not make a valid nbformat cell id (letters, digits, ``-``, ``_``; 64 at most).
+    """
+    return _valid_id(GRADED_ID_PREFIX + part)
+
+
+def check_cell_id(part: str) -> str:
+    """The cell id of part ``part``'s check cell in a learner notebook, e.g. ``check-soft_attention_weights``."""
+    return _valid_id(CHECK_ID_PREFIX + part)
+
+
+def _valid_id(cell_id: str) -> str:
+    if not _CELL_ID.match(cell_id):
+        raise ValueError(f"{cell_id!r} is not a valid notebook cell id (letters, digits, '-' and '_', 64 at most)")
+    return cell_id
+
+
+def handout_cell_part(cell_id: Any) -> tuple[str, str] | None:
+    """``("graded" | "check", part)`` for a cell id that :func:`graded_cell_id` or :func:`check_cell_id` gave,
+    else ``None``."""
+    if not isinstance(cell_id, str):
+        return None
+    for kind, prefix in (("graded", GRADED_ID_PREFIX), ("check", CHECK_ID_PREFIX)):
+        if cell_id.startswith(prefix) and len(cell_id) > len(prefix):
+            return kind, cell_id[len(prefix):]
+    return None
 
 
 def cell_tags(cell: Any) -> list[str]:

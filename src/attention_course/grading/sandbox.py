@@ -10,7 +10,10 @@ cannot raise), sends it the job and watches it:
   group's first (at least ``RESTART_CHARGE`` seconds each), and at most parts + 2 attempts in all; a
   worker past either limit is killed;
 - parts whose course-library allowances differ are judged in separate attempts (``_allowance_groups``),
-  so that each worker holds one fixed allowance;
+  so that each worker holds one fixed allowance, and sees a view of the course package holding only the
+  worker's modules, the exercise's sandbox side, what its cases need and the modules of that allowance
+  (:mod:`attention_course.grading.package_view`, filled before the job is sent): a module that is not
+  there cannot be imported;
 - one part's results are size-checked, then read by the wire's own parser
   (:func:`attention_course.grading.wire.decode`: only the wire's types, structure limits checked before
   anything is built, linear in the bytes; no unpickler ever reads learner bytes), then checked to be plain
@@ -43,6 +46,7 @@ from attention_course.grading.channel import parse_header
 from attention_course.grading.isolation import Limits, SandboxUnavailable, check_sandbox, clean_text
 from attention_course.grading.launcher import BLOB_LIMIT, STATUS_LOST, pool, zygote_pool
 from attention_course.grading.learner_text import LearnerTextError, to_python
+from attention_course.grading.package_view import fill_view, library_sources, pickle_modules, view_modules
 from attention_course.grading.spec import Case
 from attention_course.grading.wire import WireFormatError, decode, is_wire
 from attention_course.grading.worker import STATUS_OUTPUT_LIMIT, Job
@@ -280,7 +284,11 @@ def _attempt(job: Job, timeout: float, output_limit: int, workers: Any, budget_l
     reason: str | None = None
     learner_started: float | None = None  # when the first cell or part began
     try:
-        sandbox.send_job(pickle.dumps(job), protocol.max_frames)
+        job_bytes = pickle.dumps(job)
+        view = getattr(sandbox, "view", None)
+        if view is not None:  # the package as this job's worker sees it (package_view), before it reads the job
+            fill_view(view, view_modules(job.exercise_id, job.allowed, pickle_modules(job_bytes)))
+        sandbox.send_job(job_bytes, protocol.max_frames)
         steps = 2 + len(job.cells) + len(job.parts)
         attempt_deadline = time.monotonic() + STARTUP_TIMEOUT + timeout * steps
         seen, step_started = 1, time.monotonic()  # frame 0 was "ready"
@@ -487,7 +495,8 @@ def _run_group(exercise_id: str, preamble: str, cells: list[tuple[int, str, str]
     while remaining and attempts_left[0] > 0 and (number == 0 or budget_left[0] > 0):
         attempts_left[0] -= 1
         job = Job(exercise_id, preamble, [cell for cell in cells if cell[0] not in skipped], remaining,
-                  output_limit=output_limit, allowed=allowed)
+                  output_limit=output_limit, allowed=allowed,
+                  library=library_sources(allowed) if allowed is not None else ())
         attempt = _attempt(job, timeout, output_limit, workers, budget_left, first=number == 0)
         number += 1
         result.processes += 1

@@ -157,9 +157,10 @@ def where(exc: BaseException, trusted: Any = None) -> str:
     """'line N of your <part> cell' (the grader's worker names cells ``<cell INDEX PART>``) or 'line N of
     your cell' for the innermost traceback frame in the learner's code, else ''.
 
-    ``trusted`` (the worker's, see ``attention_course.grading.import_guard``) runs the frame walk where
-    learner code may not look at frames; the walk reads only the traceback's own fields, so no learner code
-    runs inside it."""
+    The walk reads only the traceback's own fields (file names, line numbers), so no learner code runs
+    inside it; the worker's run-time guard (``attention_course.grading.import_guard``) lets this walk's code,
+    and no other, read ``tb_frame``. ``trusted``: a function that runs the walk (``trusted(walk)``), for
+    callers that need one; the worker passes none."""
     tb = sys.exc_info()[2] if sys.exc_info()[1] is exc else None
     if tb is None:
         try:

@@ -6,10 +6,15 @@ job, so that importing torch overlaps with other work. The worker then:
 
 1. drops root (as root, the sandbox hands it a uid of its own), sets ``no_new_privs`` and the resource
    limits it cannot raise again (processes, file size, CPU time, no core dumps);
-2. imports torch and the exercise modules, caps its address space at what it uses plus the memory limit,
-   and says ``ready`` on its channel (a pipe the grader reads, see :mod:`attention_course.grading.channel`);
+2. imports torch and the grading worker's own modules (unisolated, every exercise module too), caps its
+   address space at what it uses plus the memory limit, and says ``ready`` on its channel (a pipe the
+   grader reads, see :mod:`attention_course.grading.channel`);
 3. reads the job (pickled by the grader) from stdin: the exercise's trusted preamble, the learner's graded
-   cells and each part's cases (inputs only: references stay in the grader);
+   cells and each part's cases (inputs only: references stay in the grader). In a sandbox, the course
+   package it sees is a view (:mod:`attention_course.grading.package_view`): until the job, only the
+   worker's modules; before sending the job, the grader adds the exercise's module, the modules its cases
+   need and those of the library names the job allows, and nothing else, so that no other course module
+   can be imported in this process at all; the allowed names are put on the view's minimal package;
 4. installs the library rule at run time (``attention_course.grading.import_guard``, defence in depth):
    the course package pruned to what the parts' ``run`` functions need, the names this job's allowance
    (one for all its parts: the grader groups parts by allowance) does not include hidden, ``sys.modules``
@@ -57,6 +62,8 @@ class Job:
             limit of its own, the grader's watch only).
         allowed: names of the course library (``attention_course.<name>``) the learner's code may use, the
             same for every part of the job; ``None``: no restriction.
+        library: ``(name, module)`` for each name in ``allowed``: where the worker finds it (in a sandbox, the
+            package is a view with a minimal ``__init__``, see :mod:`attention_course.grading.package_view`).
     """
 
     exercise_id: str
@@ -66,6 +73,7 @@ class Job:
     file_size_limit: int = 100_000_000
     output_limit: int | None = None
     allowed: frozenset[str] | None = None
+    library: tuple[tuple[str, str], ...] = ()
 
 
 #: Exit status of a worker that stopped itself because its output passed the job's ``output_limit``.
@@ -219,9 +227,26 @@ def _confine(settings: dict[str, Any]) -> None:
 
 # --- the job ------------------------------------------------------------------------------------------
 def _read_job() -> Job:
+    import importlib
+
     data = sys.stdin.buffer.read()
     os.close(0)
+    importlib.invalidate_caches()  # the grader filled this job's view of the package after the imports
     return pickle.loads(data)  # from the grader, the only writer of this pipe
+
+
+def _library_names(library: tuple[tuple[str, str], ...]) -> None:
+    """Put the job's allowed course-library names on the package (``ac.causal_mask``): in a sandbox, its
+    ``__init__`` is a minimal one (:mod:`attention_course.grading.package_view`) that defines none."""
+    import importlib
+
+    import attention_course
+
+    for name, module in library:
+        if name not in vars(attention_course):
+            found = importlib.import_module(module)
+            setattr(attention_course, name, found if found.__name__ == f"attention_course.{name}" else
+                    getattr(found, name))
 
 
 def run_job(job: Job, say: _Channel) -> int:
@@ -235,16 +260,15 @@ def run_job(job: Job, say: _Channel) -> int:
 
     say.output_limit = job.output_limit
     say("start", pid=os.getpid())
+    _library_names(job.library)
     exercise = get_exercise(job.exercise_id)
     parts = {name: exercise.part(name) for name, _ in job.parts}
     runs = {name: (part.run, part.function) for name, part in parts.items()}
     # The worker's own reference, taken before any learner code runs (the grader reads only this format).
     encode_outcomes = encode
-    trusted = None
     guard = None
     if job.allowed is not None:  # one allowance for every part of this job (the grader groups them)
         guard = guard_library(job.exercise_id, frozenset(job.allowed), [list(runs.values()), job.parts])
-        trusted = guard.trusted
     del exercise, parts
     namespace = _namespace()
 
@@ -253,8 +277,7 @@ def run_job(job: Job, say: _Channel) -> int:
 
     for index, part_name, source in job.cells:
         say("cell", cell=index, part=part_name)
-        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"),
-                                  trusted)
+        outcome = outcome_of_call(functools.partial(_run_cell, source, namespace, f"<cell {index} {part_name}>"))
         if outcome["status"] == "error":
             say("cell_error", cell=index, part=part_name, type=outcome["type"], message=outcome["message"],
                 where=outcome["where"])
@@ -266,7 +289,7 @@ def run_job(job: Job, say: _Channel) -> int:
         if obj is None:
             say("missing", part=part_name)
             continue
-        outcomes = [outcome_of_call(functools.partial(run, obj, case), trusted) for case in cases]
+        outcomes = [outcome_of_call(functools.partial(run, obj, case)) for case in cases]
         if guard is not None:
             if not guard.intact():
                 outcomes = [wire_error("PermissionError", "your code brought back a course-library module the "
@@ -429,12 +452,12 @@ def main(channel_fd: int, settings_json: str) -> None:
         import torch
 
         import attention_course  # noqa: F401
-        from attention_course.grading import import_guard, library_rules, wire  # noqa: F401
+        from attention_course.grading import compare, declare, import_guard, spec, wire  # noqa: F401
         from attention_course.grading.exercises import exercise_ids, get_exercise
 
         torch.set_num_threads(1)
         _warm_up_lazy_imports()
-        for exercise_id in exercise_ids():
+        for exercise_id in exercise_ids():  # in a sandbox's view, none yet: the job's comes with the job
             try:
                 get_exercise(exercise_id)
             except Exception:  # a broken module fails its own jobs only

@@ -27,7 +27,7 @@ from attention_course.grading.compare import (
 from attention_course.grading.declare import Check, Out, View, distribution, second_run
 from attention_course.grading.exercises.ex08 import run_dropout, verify_dropout  # the same dropout contract
 from attention_course.grading.findings import FailureKind, Finding
-from attention_course.grading.spec import Case, Exercise, Part, call_function, preamble, randn, with_texts
+from attention_course.grading.spec import Case, Exercise, Mistake, Part, call_function, preamble, randn, with_texts
 
 PREAMBLE = preamble(nn=True)
 
@@ -104,8 +104,16 @@ def _self_mha_cases(g: torch.Generator) -> list[Case]:
             for name, batch, length, d_model, heads in shapes]
 
 
+def _scaled_by_d_head(v: View) -> torch.Tensor:
+    """Attention whose scores are divided by d_head instead of its square root (the queries shrunk to match)."""
+    x, w_q, w_k, w_v, w_o, heads = v.args
+    return _torch_mha(x, x, x, w_q / math.sqrt(x.shape[-1] // heads), w_k, w_v, w_o, heads)
+
+
 _SELF_MHA = Check(reference=lambda v: _torch_mha(v.args[0], v.args[0], *v.args),
-                  outputs=(Out("output", "nn.MultiheadAttention with the same weights"),))
+                  outputs=(Out("output", "nn.MultiheadAttention with the same weights"),),
+                  mistakes=(Mistake(_scaled_by_d_head, "your scores are divided by d_head: scaled dot-product "
+                                                       "attention divides them by its square root, sqrt(d_head)"),))
 
 
 # --- 4: -inf masking gives NaN on fully masked rows (errata 0.9) --------------------------------------
@@ -194,7 +202,10 @@ def _copies_values(v: View) -> str | None:
 
 
 _LOOPS = Check(reference=lambda v: torch.softmax(v.x[0] @ v.x[1].T / math.sqrt(v.x[0].shape[1]), dim=-1) @ v.x[2],
-               outputs=(Out("output", "softmax(q kᵀ / √d) v", finite=False),), properties=(_copies_values,))
+               outputs=(Out("output", "softmax(q kᵀ / √d) v", finite=False),), properties=(_copies_values,),
+               mistakes=(Mistake(lambda v: v.x[2].mean(dim=0).expand(v.x[0].shape[0], -1),
+                                 "every output row is the plain mean of the values: weight value j by the "
+                                 "attention weight of query i on key j (the softmax of the scaled scores)"),))
 
 
 # --- 6: LayerNorm dividing by σ + ε (errata 3.1) -------------------------------------------------------
@@ -222,8 +233,21 @@ def _layer_norm_close(v: View) -> str | None:
                          "output", "nn.LayerNorm (which divides by √(biased variance + eps))", atol=atol, rtol=1e-3)
 
 
+def _layer_norm_variant(v: View, correction: int = 0, eps_inside: bool = True) -> torch.Tensor:
+    x, weight, bias = v.x
+    eps, centred = v.kwargs["eps"], x - x.mean(dim=-1, keepdim=True)
+    var = x.var(dim=-1, keepdim=True, correction=correction)
+    return centred / ((var + eps).sqrt() if eps_inside else var.sqrt() + eps) * weight + bias
+
+
 _LAYER_NORM = Check(reference=lambda v: F.layer_norm(v.x[0], (v.x[0].shape[-1],), *v.x[1:], v.kwargs["eps"]),
-                    outputs=(Out("output"),), after=(_layer_norm_close,))
+                    outputs=(Out("output"),), after=(_layer_norm_close,), mistakes=(
+    Mistake(lambda v: _layer_norm_variant(v, correction=1),
+            "your output uses the unbiased variance (dividing by d - 1): LayerNorm divides by d, the biased "
+            "variance (correction=0)"),
+    Mistake(lambda v: _layer_norm_variant(v, eps_inside=False),
+            "your output divides by std + eps: eps belongs inside the square root, sqrt(variance + eps)"),
+))
 
 
 # --- 7: dropout without rescaling (errata 3.4) ----------------------------------------------------------
@@ -259,8 +283,16 @@ def _sublayer_reference(v: View) -> torch.Tensor:
     return F.layer_norm(x.double() + attended, (x.shape[-1],), norm_weight.double(), norm_bias.double())
 
 
+def _residual_from_queries(v: View) -> torch.Tensor:
+    x, w_q, w_k, w_v, w_o, heads, norm_weight, norm_bias = v.x
+    attended = _torch_mha(x, x, x, w_q, w_k, w_v, w_o, heads)
+    return F.layer_norm(x @ w_q + attended, (x.shape[-1],), norm_weight, norm_bias)
+
+
 _SUBLAYER = Check(reference=_sublayer_reference, outputs=(
-    Out("output", "LayerNorm(x + nn.MultiheadAttention(x, x, x))", atol=1e-4, rtol=1e-3),))
+    Out("output", "LayerNorm(x + nn.MultiheadAttention(x, x, x))", atol=1e-4, rtol=1e-3),),
+    mistakes=(Mistake(_residual_from_queries, "your residual adds the projected queries (x @ w_q): the residual "
+                                              "connection adds the sub-layer's input x itself"),))
 
 
 # --- 9: a decoder without its causal mask (errata 1.11) ------------------------------------------------
@@ -304,6 +336,8 @@ _CAUSAL = Check(
     reference=lambda v: F.scaled_dot_product_attention(*(v.x[0] @ w for w in v.x[1:]), is_causal=True),
     outputs=(Out("output", "F.scaled_dot_product_attention(q, k, v, is_causal=True)"),),
     unpack=second_run("cut", message="expected your function to return one tensor"), properties=(_no_leak,),
+    advice=" (a causal row is NaN when its query may attend to no key at all: the mask must keep the diagonal, "
+           "each position attends to itself and the positions before it)",
 )
 
 

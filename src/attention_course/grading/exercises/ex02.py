@@ -137,7 +137,11 @@ def _pooling_examples(v: View) -> str | None:
 
 
 _POOLING = Check(reference=lambda v: torch.matmul(v.x[1], v.x[0]), outputs=(Out("output", "weights @ X"),),
-                 properties=(_pooling_examples,))
+                 properties=(_pooling_examples,),
+                 mistakes=(Mistake(lambda v: v.x[0].mean(dim=-2, keepdim=True).expand(*v.x[1].shape[:-1],
+                                                                                      v.x[0].shape[-1]),
+                                   "every output row is the plain mean of the rows of X: weight row j of X by "
+                                   "the query's weight on key j"),))
 
 
 # --- part 4: self-attention without projections --------------------------------------------------------
@@ -200,6 +204,10 @@ _SELF_ATTENTION = Check(
     unpack=second_run("perm", message="expected your function to return a tuple (output, weights)"),
     advice=_advice,
     properties=(_permuted, distribution("weights")),
+    mistakes=(Mistake(lambda v: torch.softmax(v.kwargs["beta"] * v.x[0] @ v.x[0].transpose(-2, -1)
+                                              / v.x[0].shape[-1] ** 0.5, dim=-1),
+                      "your weights divide the scores by sqrt(d): this exercise's self-attention has no such scale, "
+                      "beta is its only one", on="weights"),),
 )
 
 

@@ -16,11 +16,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attention_course.additive import AdditiveAttention
 from attention_course.grading.compare import close_problem, f64, fmt, row_name
 from attention_course.grading.declare import Check, Out, View, distribution
 from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, degenerate, preamble, randn, with_texts
+
+# The references run in the grader's process only: the sandbox's view of the package lacks them.
+AdditiveAttention = instructor_side("attention_course.additive", "AdditiveAttention")
 
 PREAMBLE = preamble()
 

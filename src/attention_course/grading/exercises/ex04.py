@@ -165,7 +165,9 @@ _ONE_QUERY = Check(
              Out("weights", "softmax(K q / sqrt(d_k))", by_rows=False, atol=lambda v: _weights_atol(*v.args[:2]))),
     compare=("weights",),
     properties=(distribution("weights"), _uniform),
-    mistakes=mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*v.x[:2]), on="weights"),
+    mistakes=(*mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*v.x[:2]), on="weights"),
+              Mistake(lambda v: v.x[2].mean(dim=0), "your output is the plain mean of the values: weight each value "
+                      "row V[j] by its attention weight and add them up", on="output")),
 )
 
 

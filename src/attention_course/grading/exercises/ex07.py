@@ -26,6 +26,7 @@ from attention_course.grading.compare import (
 )
 from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -37,7 +38,9 @@ from attention_course.grading.spec import (
     preamble,
     with_texts,
 )
-from attention_course.positional import sinusoidal_positional_encoding
+
+# The references run in the grader's process only: the sandbox's view of the package lacks them.
+sinusoidal_positional_encoding = instructor_side("attention_course.positional", "sinusoidal_positional_encoding")
 
 PREAMBLE = preamble()
 
@@ -89,6 +92,9 @@ _ENCODING_MISTAKES = (  # (positions, d_model) -> a wrong table
     Mistake(lambda p, d: torch.cat([_encoding(p, d)[:, 0::2], _encoding(p, d)[:, 1::2]], dim=1),
             "your rows put all sines first and all cosines after; interleave them: column 2i is the sine "
             "and column 2i+1 the cosine of pair i"),
+    Mistake(lambda p, d: _encoding(f64(p) + 1, d),
+            "your rows are those of positions p + 1: the table starts at position 0, whose row is "
+            "(sin 0, cos 0, ...) = (0, 1, 0, 1, ...); use the positions as given"),
     Mistake(_feature_index,
             "your exponent uses the column index j (10000^(2j/d)); both columns of pair i share the "
             "frequency 10000^(-2i/d) with i = j // 2"),
@@ -169,6 +175,10 @@ def _from_table(v: View) -> str | None:
 _PROFILE = Check(
     reference=lambda v: torch.cos(v.x[0].unsqueeze(-1) * _omega(v.args[1])).sum(dim=-1),  # sum_i cos(omega_i k)
     outputs=(Out("profile", "sum_i cos(omega_i * k)", atol=2e-3, by_rows=False),),
+    mistakes=(Mistake(lambda v: torch.cos(v.x[0].unsqueeze(-1) * 10000.0 ** (
+        -torch.arange(v.args[1] // 2, dtype=torch.float64) / v.args[1])).sum(dim=-1) if v.args[1] > 2 else None,
+        "your frequencies are 10000^(-i/d): the exponent is -2i/d_model (pair i holds columns 2i and 2i + 1)",
+        on="profile"),),
     explain=(_zero_offset, _from_table),
 )
 
@@ -219,12 +229,21 @@ def _keeps_lengths(v: View) -> str | None:
     return None
 
 
+def _first_pair_only(v: View) -> torch.Tensor:
+    rotation = torch.eye(v.args[0].shape[-1], dtype=torch.float64)
+    rotation[:2, :2] = _rotation(v.args[1], v.args[0].shape[-1])[:2, :2]
+    return v.x[0] @ rotation.T
+
+
 _ROTATION = Check(
     reference=lambda v: v.x[0] @ _rotation(v.args[1], v.args[0].shape[-1]).T,  # rows: PE[p] R_kᵀ = PE[p + k]
     outputs=(Out("result", "x @ R_kᵀ (every pair rotated by omega_i * k)"),),
     mistakes=(Mistake(lambda v: v.x[0] @ _rotation(v.args[1], v.args[0].shape[-1]) if v.args[1] else None,
                       lambda v: f"your rotation moves backwards, to position p - {v.args[1]}: rotate each pair (a, b) "
-                      "of features to (a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k", on="result"),),
+                      "of features to (a cos t + b sin t, -a sin t + b cos t) with t = omega_i * k", on="result"),
+              Mistake(lambda v: _first_pair_only(v) if v.args[0].shape[-1] > 2 and v.args[1] else None,
+                      "you rotated only the first pair of features: every pair i turns, each by its own angle "
+                      "omega_i * k", on="result")),
     explain=(_reaches_positions, _keeps_lengths),
 )
 

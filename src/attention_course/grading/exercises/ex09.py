@@ -17,6 +17,8 @@ from torch import nn
 
 from attention_course.grading.compare import close_f64, close_problem, f64, fmt, fmt_shape, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on, second_run
+from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -29,7 +31,9 @@ from attention_course.grading.spec import (
     randn,
     with_texts,
 )
-from attention_course.layers import EncoderLayer
+
+# The references run in the grader's process only: the sandbox's view of the package lacks them.
+EncoderLayer = instructor_side("attention_course.layers", "EncoderLayer")
 
 PREAMBLE = preamble(library=True)
 
@@ -73,6 +77,9 @@ _FFN_MISTAKES = (  # (x, W1, b1, W2, b2) in float64 -> a wrong FFN output
             "your output has no non-linearity: apply ReLU to the hidden layer, max(0, x W1 + b1)"),
     Mistake(lambda x, W1, b1, W2, b2: torch.relu((x @ W1 + b1) @ W2 + b2),
             "you applied ReLU to the output; it belongs on the hidden layer only"),
+    Mistake(lambda x, W1, b1, W2, b2: torch.relu(x @ W1 + b1).cumsum(dim=-2) @ W2 + b2 if x.dim() > 1 else None,
+            "your output at a position sums the hidden layers of the positions up to it: the FFN treats every "
+            "position alone (nothing mixes positions)"),
 )
 
 
@@ -136,6 +143,10 @@ def _unpack_conv(v: View) -> str | None:
 def _kernel_transposed(v: View) -> str | None:
     d_in, d_out = v.args[0].shape
     kernel = v.output[0]
+    if (isinstance(kernel, torch.Tensor) and tuple(kernel.shape) == (d_out, d_in, 1)
+            and torch.equal(f64(kernel).flatten(), v.x[0].flatten()) and not torch.equal(v.x[0], v.x[0].T)):
+        return Finding(f"your kernel holds W's numbers in W's own order, reshaped to {fmt_shape(kernel.shape)}: "
+                       "a reshape is not a transpose; kernel[o, i, 0] must be W[i, o]", FailureKind.KNOWN_MISTAKE)
     if isinstance(kernel, torch.Tensor) and d_in != d_out and tuple(kernel.shape) == (d_in, d_out, 1):
         return (f"your kernel has shape {fmt_shape(kernel.shape)}; nn.Conv1d kernels are (out_channels, "
                 f"in_channels, kernel_size) = {fmt_shape((d_out, d_in, 1))}: transpose W first")
@@ -258,6 +269,21 @@ def _norm_order(v: View) -> str:
     return f"your layer computes the {'post' if norm_first else 'pre'}-norm order, but norm_first={norm_first}"
 
 
+def _no_feed_forward_residual(v: View) -> torch.Tensor | None:
+    """A post-norm layer whose second sub-layer lacks its residual: norm2(FFN(h)), h after the first."""
+    d_model, num_heads, d_ff, dropout, norm_first = v.data["config"]
+    if norm_first or v.data["mode"] == "train":
+        return None
+    layer = _torch_layer(d_model, num_heads, d_ff, dropout, norm_first)
+    layer.load_state_dict(v.data["torch_state"])
+    layer = layer.double().eval()
+    x, mask = v.x[0], v.args[1]
+    padding = None if mask is None else ~mask[:, 0, 0, :]
+    with torch.no_grad():
+        h = layer.norm1(x + layer.self_attn(x, x, x, key_padding_mask=padding, need_weights=False)[0])
+        return layer.norm2(layer.linear2(layer.activation(layer.linear1(h))))
+
+
 _ENCODER_LAYER = Check(
     # In training mode the output is random: it is its own reference, and _dropout_applied judges it.
     reference=lambda v: v.output if v.data["mode"] == "train" else _reference_encoder_layer(v, v.args[1]),
@@ -269,7 +295,10 @@ _ENCODER_LAYER = Check(
                       _norm_order),
               Mistake(lambda v: None if v.args[1] is None else _reference_encoder_layer(v, None),
                       "your output matches a layer that ignores the padding mask: pass mask to the self-attention "
-                      "so that no token attends to padding")),
+                      "so that no token attends to padding"),
+              Mistake(_no_feed_forward_residual,
+                      "your feed-forward sub-layer has no residual: post-norm adds its input back before the "
+                      "norm, norm2(h + FFN(h))")),
     matches=close_f64,
 )
 

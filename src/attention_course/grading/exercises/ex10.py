@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attention_course.decoding import greedy_decode
 from attention_course.grading.compare import fmt, matches, tensor_problem
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -31,8 +31,11 @@ from attention_course.grading.spec import (
     randn,
     with_texts,
 )
-from attention_course.layers import DecoderLayer
-from attention_course.transformer import Transformer
+
+# The references run in the grader's process only: the sandbox's view of the package lacks them.
+greedy_decode = instructor_side("attention_course.decoding", "greedy_decode")
+DecoderLayer = instructor_side("attention_course.layers", "DecoderLayer")
+Transformer = instructor_side("attention_course.transformer", "Transformer")
 
 _MASKS = frozenset({"causal_mask", "padding_mask", "combine_masks"})
 
@@ -240,8 +243,9 @@ def _torch_reference(layer: nn.TransformerDecoderLayer, y: Tensor, memory: Tenso
 
 
 def _variant(sub: DecoderSublayers, y: Tensor, memory: Tensor, self_mask: Tensor | None, memory_mask: Tensor | None,
-             norm_first: bool) -> Tensor:
-    """The layer in a given norm order, for diagnosing answers that match the wrong one."""
+             norm_first: bool, feed_forward_residual: bool = True) -> Tensor:
+    """The layer in a given norm order (and with or without its post-norm feed-forward residual), for diagnosing
+    answers that match a wrong one."""
     def attend(module: nn.Module, q: Tensor, kv: Tensor, mask: Tensor | None) -> Tensor:
         return module(q, kv, kv, mask=mask)[0]
 
@@ -252,7 +256,7 @@ def _variant(sub: DecoderSublayers, y: Tensor, memory: Tensor, self_mask: Tensor
             return y + sub.feed_forward(sub.norm3(y))
         y = sub.norm1(y + attend(sub.self_attention, y, y, self_mask))
         y = sub.norm2(y + attend(sub.cross_attention, y, memory, memory_mask))
-        return sub.norm3(y + sub.feed_forward(y))
+        return sub.norm3(y + sub.feed_forward(y) if feed_forward_residual else sub.feed_forward(y))
 
 
 def _order_message(v: View) -> str:
@@ -268,6 +272,9 @@ _LAYER_MISTAKES = (
             "your self-attention ignores self_mask: pass it to layer.self_attention(..., mask=self_mask)"),
     Mistake(lambda v: None if v.args[4] is None else _variant(*v.args[:4], None, v.args[0].norm_first),
             "your cross-attention ignores memory_mask: pass it to layer.cross_attention(..., mask=memory_mask)"),
+    Mistake(lambda v: None if v.args[0].norm_first else _variant(*v.args, False, feed_forward_residual=False),
+            "your feed-forward sub-layer has no residual: post-norm adds its input back before the last norm, "
+            "norm3(y + FFN(y)), as the two attention sub-layers do"),
 )
 
 
@@ -437,6 +444,23 @@ def _run_greedy(obj: Any, case: Case) -> Any:
         return call_function(obj, case)
 
 
+def _first_position_greedy(model: Any, src: Tensor, max_len: int, bos_id: int, eos_id: int, pad_id: int) -> Tensor:
+    """Greedy decoding that takes each next token from the first position's logits instead of the last's."""
+    memory_mask = (src != pad_id)[:, None, None, :]
+    memory = model.encode(src, memory_mask)
+    tokens = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    finished = torch.zeros(src.size(0), dtype=torch.bool)
+    for _ in range(max_len):
+        causal = torch.ones(tokens.size(1), tokens.size(1), dtype=torch.bool).tril()
+        chosen = model.decode(tokens, memory, causal, memory_mask)[:, 0].argmax(dim=-1)
+        chosen = torch.where(finished, torch.full_like(chosen, pad_id), chosen)
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        finished = finished | (chosen == eos_id)
+        if bool(finished.all()):
+            break
+    return tokens
+
+
 def _verify_greedy(case: Case, output: Any) -> Finding | None:
     model, src, max_len, bos_id, eos_id, pad_id = case.args
     expected = greedy_decode(model, src, max_len, bos_id, eos_id, pad_id=pad_id)
@@ -471,6 +495,12 @@ def _verify_greedy(case: Case, output: Any) -> Finding | None:
     if isinstance(model, Transformer) and torch.equal(output.long(), unmasked):
         return _known("your translations of padded sentences differ: build the source padding mask from pad_id and "
                       "pass it to model.encode and (as memory_mask) to model.decode")
+    if isinstance(model, Transformer):
+        with torch.no_grad():
+            first = _first_position_greedy(model, src, max_len, bos_id, eos_id, pad_id)
+        if torch.equal(output.long(), first):
+            return _known(f"{yours}: you took each next token from the first position's logits; the prediction "
+                          "of the next token is the last position's (the newest token's) logits")
     return Finding(f"{yours} (the argmax of the last position's logits, given the prefix so far; did you pass the "
                    "causal mask to model.decode?)", FailureKind.MISMATCH)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import gc
 import io
 import math
 import os
@@ -27,6 +28,7 @@ from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import (
     Case,
     Exercise,
+    Mistake,
     Part,
     call_function,
     degenerate,
@@ -166,11 +168,31 @@ def _stability(message: str) -> Callable[[View], str]:
     return lambda v: message if v.data.get("stability") else ""
 
 
+def _online_advice(v: View) -> str:
+    """What a NaN or an infinity in the running sum says: overflow, or exp(-inf - (-inf)) in a row that has
+    seen no finite score."""
+    if v.data.get("stability"):
+        return " (subtract the new running maximum inside exp)"
+    if torch.isneginf(torch.maximum(v.x[0], v.x[2].amax(dim=-1))).any():
+        return (": a row whose maximum is still -inf gives exp(-inf - (-inf)) = NaN; subtract 0 instead of the "
+                "maximum in such rows (their sum stays 0)")
+    return ""
+
+
+def _unshifted_block(v: View) -> torch.Tensor:
+    m, running_sum, s = v.x
+    new_max = torch.maximum(m, s.amax(dim=-1))
+    return running_sum * torch.exp(m - _finite_shift(new_max)) + torch.exp(s).sum(dim=-1)
+
+
 _ONLINE = Check(
     reference=_online_reference,
     outputs=(Out("running maximum", finite=False),
              Out("running sum", by_rows=False, dtype=lambda v: v.args[2].dtype)),
-    advice=_stability(" (subtract the new running maximum inside exp)"),
+    advice=_online_advice,
+    mistakes=(Mistake(_unshifted_block, "you exponentiated the new scores without shifting them: the block adds "
+                                        "exp(score - new maximum) for each score, like the rescaled old sum",
+                      on="running sum"),),
     explain=(_running_max, _rescaled_sum),
 )
 
@@ -222,6 +244,25 @@ def _attention_so_far(v: View) -> str | None:
                          "F.scaled_dot_product_attention over all keys seen so far", atol=1e-4, rtol=1e-4)
 
 
+def _step_variant(v: View, rescale: bool = True, scale: float | None = None) -> torch.Tensor:
+    """The accumulator after one block step, with the old accumulator not rescaled or another score scale."""
+    accumulator, running_max, _, query, key, value, given = v.x
+    scores = query @ key.transpose(-2, -1) * (given if scale is None else scale)
+    new_max = torch.maximum(running_max, scores.amax(dim=-1))
+    shift = _finite_shift(new_max)
+    old = accumulator * torch.exp(running_max - shift)[..., None] if rescale else accumulator
+    return old + torch.exp(scores - shift[..., None]) @ value
+
+
+_STEP_MISTAKES = (
+    Mistake(lambda v: _step_variant(v, rescale=False),
+            "your accumulator keeps its old value unscaled: when the running maximum grows, multiply the old "
+            "accumulator by exp(old maximum - new maximum), as the running sum is, before adding the block"),
+    Mistake(lambda v: _step_variant(v, scale=1.0),
+            "your scores are not multiplied by `scale` (the 1/sqrt(d_k) the function is given): the block's "
+            "scores are (query @ keyᵀ) * scale"),
+)
+
 _STEP = Check(
     # Relative tolerances: state values scale with exp(scores - max), which is at most the number of keys.
     reference=lambda v: tuple(t.nan_to_num(neginf=-1e300) for t in reference_step(*v.x)),
@@ -230,6 +271,7 @@ _STEP = Check(
              Out("running maximum", "the online-softmax update", atol=1e-4, by_rows=False),
              Out("running sum", "the online-softmax update", atol=1e-4, by_rows=False)),
     advice=_stability(" (subtract the running maximum inside exp)"),
+    mistakes=_STEP_MISTAKES,
     after=(_attention_so_far,),
 )
 
@@ -280,62 +322,6 @@ except (OSError, AttributeError):  # pragma: no cover - not glibc
 _M_MMAP_THRESHOLD, _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = -3, 3, 4  # glibc's mallopt and Linux's prctl options
 
 
-def _reset_peak() -> bool:
-    """Reset this process's peak resident set (``VmHWM``) to its resident set now (Linux 4.0 and later). The
-    worker is not dumpable, which gives its ``/proc/self`` files to root: it is made dumpable for the one
-    write (this forked child runs the learner's code in any case) and then set back."""
-    dumpable = _prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) if _prctl is not None else 1
-    try:
-        if not dumpable:
-            _prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-        with _open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
-            clear_refs.write("5")
-        return True
-    except OSError:  # pragma: no cover - a /proc that refuses the write
-        return False
-    finally:
-        if not dumpable:
-            _prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-
-
-def _memory_baseline() -> int:
-    """The resident memory to measure the call's peak from, once every allocation the call makes will show:
-    the heap gives back the free pages it keeps, and glibc stops raising its mmap threshold (after a large
-    block is freed it serves blocks up to that size from the heap, where earlier work left free pages that
-    are already resident: a full score matrix could fit in them and add nothing). The peak (``VmHWM``), which
-    a forked child inherits from its parent, is then reset to the current resident set; where it cannot be,
-    the baseline is that peak, so that only memory above it counts."""
-    if _mallopt is not None:
-        _mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-        _malloc_trim(0)
-    return _memory_status()["VmRSS" if _reset_peak() else "VmHWM"]
-
-
-def _private_dirty() -> int | None:
-    """The bytes of memory this process alone holds and has written (``Private_Dirty``), or ``None`` where the
-    kernel does not say. In a forked child a page the parent held becomes private only once the child writes
-    it: a score matrix written into a buffer allocated before the call shows here, not in the peak."""
-    try:
-        with _open("/proc/self/smaps_rollup", encoding="ascii") as rollup:
-            for line in rollup:
-                if line.startswith("Private_Dirty:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover - Linux before 4.14
-        pass
-    return None
-
-
-def _memory_status() -> dict[str, int]:
-    """This process's resident memory now and at its peak (``VmRSS``, ``VmHWM``), in bytes."""
-    found: dict[str, int] = {}
-    with _open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = int(value.split()[0]) * 1024
-    return found
-
-
 class _RefuseAttentionCalls(TorchFunctionMode):
     """While active, every attention function of PyTorch raises when called (``F.scaled_dot_product_attention``
     and the like; a dispatch mode would also see the kernels, but it imports ``torch._dynamo`` on first use,
@@ -348,58 +334,246 @@ class _RefuseAttentionCalls(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+_PR_SET_CHILD_SUBREAPER = 36  # Linux's prctl option: orphaned descendants are reparented to this process
+#: The largest output (bytes, serialised) the measured process may send.
+_OUTPUT_LIMIT = 64 << 20
+
+
+def _status_of(pid: int) -> dict[str, int]:
+    """Resident memory of process ``pid`` now and at its peak (``VmRSS``, ``VmHWM``), in bytes, read from
+    ``/proc/<pid>/status`` (readable by any process, whatever the target's dumpable flag)."""
+    found: dict[str, int] = {}
+    with _open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0]) * 1024
+    if set(found) != {"VmRSS", "VmHWM"}:
+        raise OSError(f"/proc/{pid}/status gives no VmRSS or VmHWM")
+    return found
+
+
+def _private_dirty_of(pid: int) -> int:
+    """The bytes process ``pid`` alone holds and has written (``Private_Dirty`` of ``/proc/<pid>/smaps_rollup``;
+    the process must be dumpable, or this one privileged). In a forked child a page the parent held becomes
+    private only once the child writes it: a score matrix written into a buffer made before the call shows
+    here, not in the peak."""
+    with _open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+        for line in rollup:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/{pid}/smaps_rollup gives no Private_Dirty")
+
+
+def _set_dumpable(flag: int) -> None:
+    if _prctl is not None:
+        _prctl(_PR_SET_DUMPABLE, flag, 0, 0, 0)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc/*/stat``; the sandbox's PID namespace keeps the
+    scan short)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with _open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _reap_descendants() -> None:
+    """Wait for every process of this one's tree: its children and, as a child subreaper, every orphaned
+    descendant (killed first: nothing the learner started may outlive the measurement). Their peaks then count
+    in ``getrusage(RUSAGE_CHILDREN)``."""
+    me = os.getpid()
+    while True:
+        for pid in _children_of(me):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _handshake(ready: int, go: int, step: bytes) -> None:
+    """The learner's process (trusted code, between the calls): say ``step`` and wait until the measuring
+    process has read what it needs."""
+    os.write(ready, step)
+    if os.read(go, 1) != b"g":
+        os._exit(3)
+
+
+def _threads() -> int:
+    with _open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+
+
+def _readable(ready: int, go: int, step: bytes) -> None:
+    """A handshake while this process is dumpable (so the measuring process can read its ``smaps_rollup``):
+    only with no thread but this one, which runs no learner code now (a thread of the learner's could
+    otherwise open this process's ``/proc`` files meanwhile)."""
+    if _threads() != 1:
+        raise RuntimeError("your function left threads running; compute in the thread that calls it")
+    _set_dumpable(1)
+    try:
+        _handshake(ready, go, step)
+    finally:
+        _set_dumpable(0)
+
+
+def _call_in_child(obj: Any, small: Case, case: Case, data: int, ready: int, go: int) -> None:
+    """The measured child: warm up, make the small call and the large one, send the output (never a
+    measurement), and between these steps let the measuring parent read this process's memory. Dumpable (so
+    the parent can read its ``smaps_rollup``) only within those steps, never while learner code runs."""
+    code = 0
+    # The collector would write into every object it visits, pages this process shares with its parent: their
+    # private copies would count as the call's memory.
+    gc.disable()
+    try:
+        torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
+        reference_tiled(*small.args)  # the pages any tiled loop writes become this process's own
+        _save({"output": small.args[0], "error": None}, io.BytesIO())  # and the code that sends the output
+        _readable(ready, go, b"A")  # before any learner code: the private pages
+        with _RefuseAttentionCalls():
+            call_function(obj, small)  # loads whatever code the function needs
+            if _malloc_trim is not None:  # free heap pages go back: what the large call uses shows
+                _malloc_trim(0)
+            _readable(ready, go, b"B")  # the baseline of the peak: the resident set before the large call
+            output = call_function(obj, case)
+        message = {"output": output if isinstance(output, torch.Tensor) else None, "error": None}
+    except BaseException as exc:  # the learner's error goes back as the outcome
+        message = {"output": None, "error": str(exc)[:2000], "type": type(exc).__name__[:100]}
+        code = 1
+    _handshake(ready, go, b"D")  # the peak, read first (not dumpable: nothing can reset it)
+    buffer = io.BytesIO()
+    _save(message, buffer)
+    payload = buffer.getvalue()
+    with _open(data, "wb") as pipe:  # its length first: a process the learner started may hold the pipe open
+        pipe.write(len(payload).to_bytes(8, "little") + payload)
+    try:
+        _readable(ready, go, b"E")  # what the calls wrote
+    except BaseException:
+        os._exit(4)
+    os._exit(code)
+
+
+def _measure(obj: Any, small: Case, case: Case, result: int) -> int:
+    """The measuring process: fork the learner's call, read its memory from outside it, wait for its whole
+    tree, and send the output with the measurement to ``result``; returns the exit code."""
+    if _prctl is None or _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - not Linux
+        _send(result, -1, "the memory case needs Linux (a child subreaper, Linux 3.4 and later)", b"")
+        return 1
+    _set_dumpable(0)  # no process of the learner's may trace this one or write into its memory
+    if _mallopt is not None:  # every allocation of the call shows: no resident free heap pages to reuse
+        _mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+        _malloc_trim(0)
+    data_r, data_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the learner's process: none of the measuring process's descriptors stay open in it
+        for fd in (result, data_r, ready_r, go_w):
+            os.close(fd)
+        _call_in_child(obj, small, case, data_w, ready_w, go_r)
+    for fd in (data_w, ready_w, go_r):
+        os.close(fd)
+    reads: dict[bytes, dict[str, int]] = {}
+    payload, problem, ended_early = b"", None, False
+    try:
+        with _open(data_r, "rb") as pipe:
+            for step in (b"A", b"B", b"D", b"E"):
+                said = os.read(ready_r, 1)
+                ended_early = said == b"D" and step != b"D"  # an error before the calls ended: the outcome
+                if said != step and not ended_early:
+                    raise OSError("its steps were broken off")
+                reads[said] = _status_of(pid)
+                if said != b"D":
+                    reads[said]["dirty"] = _private_dirty_of(pid)
+                os.write(go_w, b"g")
+                if said == b"D":  # then the output, its length first
+                    size = int.from_bytes(pipe.read(8).ljust(8, b"\0"), "little")
+                    if size > _OUTPUT_LIMIT:
+                        raise OSError("its output was too large")
+                    payload = pipe.read(size)
+                if ended_early:
+                    break
+    except (OSError, ValueError, StopIteration) as exc:
+        problem = f"your function's memory could not be measured ({exc}): did it end or stop its own process?"
+    os.close(go_w)  # a learner's process still waiting ends
+    _reap_descendants()
+    added = -1
+    if ended_early:
+        added = 0
+    elif problem is None:
+        import resource
+
+        # The peak of the learner's process and of every process it started (each from its own peak resident
+        # set, shared pages included) above the resident set before the large call; or, if larger, the private
+        # memory the calls wrote and kept (a buffer made when the cell ran, or in the small call, and filled).
+        tree_peak = max(reads[b"D"]["VmHWM"], resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+        added = max(tree_peak - reads[b"B"]["VmRSS"], reads[b"E"]["dirty"] - reads[b"A"]["dirty"])
+    _send(result, added, problem, payload)
+    return 0
+
+
+def _send(result: int, added: int, problem: str | None, payload: bytes) -> None:
+    """The measuring process's answer: the measurement, or why there is none, and the learner's output."""
+    buffer = io.BytesIO()
+    _save({"added": added, "problem": problem,
+           "child": torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else None}, buffer)
+    with _open(result, "wb") as pipe:
+        pipe.write(buffer.getvalue())
+
+
 def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
-    """Call the learner's function in a forked child of this process and return its output and the most
-    memory the call added to the process (numbers, tensors and NumPy arrays alike): its peak resident set
-    above the baseline of :func:`_memory_baseline`, or, if larger, the memory it wrote that the parent held
-    (:func:`_private_dirty`; a buffer allocated before the call, when the cell ran or in the small call,
-    and reused for the scores). A small call first loads whatever code the function needs, after the
-    library's own tiled loop has made the pages any such loop writes (the interpreter's, PyTorch's) the
-    child's."""
+    """Call the learner's function in a forked child and return its output and the most memory the call added
+    (numbers, tensors and NumPy arrays alike, in that child or in any process it starts).
+
+    The measurement is taken outside the learner's code: a measuring process (a fork of this one, a child
+    subreaper that is not dumpable) forks the learner's process and reads its ``/proc`` files between the
+    steps (its resident set before the calls, its peak after them, the memory it wrote that it shared with
+    this process), then waits for every descendant (orphans are reparented to it) and takes their peaks from
+    ``getrusage(RUSAGE_CHILDREN)``. The learner's process sends only its output; no number it sends is read.
+    A small call first loads whatever code the function needs, after the library's own tiled loop has made
+    the pages any such loop writes the child's; it counts with the large one."""
     small = Case("warm-up", (case.args[0][:8], case.args[1][:8], case.args[2][:8], case.args[3]))
     obj = unwatched(obj)  # the input watch's copies would count as the call's memory (other cases are watched)
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: measure, send, exit (never returns)
-        code = 0
+    if pid == 0:  # the measuring process (never returns)
+        code = 70
         try:
             os.close(read_end)
-            # The parent's thread pool did not survive the fork; a parallel copy would wait on it forever.
-            torch.set_num_threads(1)
-            reference_tiled(*small.args)
-            written = _private_dirty()
-            with _RefuseAttentionCalls():
-                call_function(obj, small)
-                dirtied = _private_dirty()
-                before = _memory_baseline()  # gives free heap pages back: counted apart from what the calls wrote
-                between = _private_dirty()
-                output = call_function(obj, case)
-            added, end = _memory_status()["VmHWM"] - before, _private_dirty()
-            if None not in (written, dirtied, between, end):
-                added = max(added, dirtied - written + end - between)
-            buffer = io.BytesIO()
-            _save({"added": int(added), "output": output if isinstance(output, torch.Tensor) else None,
-                   "error": None}, buffer)
-        except BaseException as exc:  # the learner's error goes back as the outcome
-            buffer = io.BytesIO()
-            _save({"added": 0, "output": None, "error": str(exc)[:2000], "type": type(exc).__name__[:100]}, buffer)
-            code = 1
-        with _open(write_end, "wb") as pipe:
-            pipe.write(buffer.getvalue())
-        os._exit(code)
+            code = _measure(obj, small, case, write_end)
+        finally:
+            os._exit(code)
     os.close(write_end)
     with _open(read_end, "rb") as pipe:
         data = pipe.read()
     os.waitpid(pid, 0)
     if not data:
+        raise RuntimeError("your function ended the process that measured it")
+    measured = _load(io.BytesIO(data), weights_only=True)
+    if measured["problem"] is not None:
+        raise RuntimeError(measured["problem"])
+    if measured["child"] is None:
         raise RuntimeError("your function ended the process it was measured in")
-    result = _load(io.BytesIO(data), weights_only=True)
+    result = _load(io.BytesIO(measured["child"].numpy().tobytes()), weights_only=True)
     if result["error"] is not None:  # the learner's exception, as a built-in type where it is one
         kind = getattr(builtins, str(result.get("type")), None)
         if not (isinstance(kind, type) and issubclass(kind, Exception)):
             kind = RuntimeError
         raise kind(result["error"])
-    return result["output"], int(result["added"])
+    return result["output"], int(measured["added"])
 
 
 def _run_tiled(obj: Any, case: Case) -> Any:
@@ -432,8 +606,17 @@ def _memory(v: View) -> str | None:
             "once (in PyTorch, NumPy or anything else, and not into a buffer prepared in advance)")
 
 
+def _unnormalised(v: View) -> torch.Tensor:
+    """Tiled attention without the final division: the accumulators, sum_j exp(s_ij - max_i) v_j."""
+    query, key, value = v.x[:3]
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1])
+    return torch.exp(scores - scores.amax(dim=-1, keepdim=True)) @ value
+
+
 _TILED = Check(
     reference=lambda v: F.scaled_dot_product_attention(*v.x[:3]),
+    mistakes=(Mistake(_unnormalised, "your output is the accumulator itself: divide each query block's "
+                                     "accumulator by its running sum once its last key block is done"),),
     outputs=(Out("output", "F.scaled_dot_product_attention", atol=_tiled_atol, dtype=lambda v: v.args[0].dtype),),
     unpack=second_run("memory", message="expected your function to return the output tensor"),
     after=(_memory,),

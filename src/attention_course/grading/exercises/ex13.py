@@ -11,6 +11,7 @@ out, another dimension than the last, float16 squares. While the learner's RMSNo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from attention_course.grading.compare import f64, first_problem, matches, tensor_problem
 from attention_course.grading.declare import Check, Out, View, mistakes_on
 from attention_course.grading.findings import FailureKind, Finding, finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -34,9 +36,11 @@ from attention_course.grading.spec import (
     randn,
     with_texts,
 )
-from attention_course.sampling import chi_square_p_value
-from attention_course.sampling import top_k_filter as reference_top_k
-from attention_course.sampling import top_p_filter as reference_top_p
+
+# The references run in the grader's process only: the sandbox's view of the package lacks them.
+chi_square_p_value = instructor_side("attention_course.sampling", "chi_square_p_value")
+reference_top_k = instructor_side("attention_course.sampling", "top_k_filter")
+reference_top_p = instructor_side("attention_course.sampling", "top_p_filter")
 
 PREAMBLE = preamble()
 
@@ -144,7 +148,22 @@ def _filter_check(reference: Callable[..., torch.Tensor], what: str, too_few: st
                  explain=(kept, _kept_values))
 
 
+def _top_k_mistakes(v: View) -> str | None:
+    """The tokens kept by a threshold strictly above the k-th largest logit, or by the k-th smallest."""
+    got, (logits, k) = torch.isfinite(getattr(v.got, _FILTERED)), v.x[:2]
+    if k > logits.size(-1) or torch.equal(got, torch.isfinite(getattr(v.want, _FILTERED))):
+        return None
+    if torch.equal(got, logits > torch.topk(logits, k, dim=-1).values[..., -1:]):
+        return Finding(f"you dropped the k-th largest logit too (you kept {k - 1} per row): keep every logit at or "
+                       "above the k-th largest", FailureKind.KNOWN_MISTAKE)
+    if torch.equal(got, logits >= torch.topk(logits, k, dim=-1, largest=False).values[..., -1:]):
+        return Finding("your threshold is the k-th smallest logit (torch.topk with largest=False): top-k keeps the "
+                       "k largest", FailureKind.KNOWN_MISTAKE)
+    return None
+
+
 _TOP_K = _filter_check(reference_top_k, "top-k with k")
+_TOP_K = dataclasses.replace(_TOP_K, explain=(_top_k_mistakes, *_TOP_K.explain))
 _TOP_P = _filter_check(reference_top_p, "top-p with p", too_few=" (keep a token while the probability of the tokens "
                        "before it is below p, so that the token whose probability crosses p is kept too)")
 
