@@ -33,7 +33,7 @@ bound read-only at the package's path in place of the package. It starts with th
 which is all the worker imports before it knows its job; the grader adds the job's modules with
 :func:`fill_view` before it sends the job (the zygote of the notebook check gets its view refilled before
 each job). Files are hard links to a private copy of the package's files made once per grader process
-(:func:`_mirror`), so that filling a view costs a few links.
+(``_mirror``), so that filling a view costs a few links.
 """
 
 from __future__ import annotations

@@ -417,11 +417,13 @@ def _threads() -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
 
 
-def _readable(ready: int, go: int, step: bytes) -> None:
+def _readable(ready: int, go: int, step: bytes, threads: int) -> None:
     """A handshake while this process is dumpable (so the measuring process can read its ``smaps_rollup``):
-    only with no thread but this one, which runs no learner code now (a thread of the learner's could
-    otherwise open this process's ``/proc`` files meanwhile)."""
-    if _threads() != 1:
+    only with no more threads than ``threads``, the count before any learner code ran (this one, and the
+    idle worker threads of PyTorch's pool where the process had set a larger pool before the fork), none
+    of which runs learner code now (a thread of the learner's could otherwise open this process's ``/proc``
+    files meanwhile)."""
+    if _threads() > threads:
         raise RuntimeError("your function left threads running; compute in the thread that calls it")
     _set_dumpable(1)
     try:
@@ -441,13 +443,16 @@ def _call_in_child(obj: Any, small: Case, case: Case, data: int, ready: int, go:
     try:
         torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
         reference_tiled(*small.args)  # the pages any tiled loop writes become this process's own
+        torch.ones(1 << 17).sum()  # a parallel region: a pool the parent had set up starts its threads now
         _save({"output": small.args[0], "error": None}, io.BytesIO())  # and the code that sends the output
-        _readable(ready, go, b"A")  # before any learner code: the private pages
+        own_threads = _threads()  # before any learner code: PyTorch's own pool threads at most
+        _readable(ready, go, b"A", own_threads)  # before any learner code: the private pages
         with _RefuseAttentionCalls():
             call_function(obj, small)  # loads whatever code the function needs
             if _malloc_trim is not None:  # free heap pages go back: what the large call uses shows
                 _malloc_trim(0)
-            _readable(ready, go, b"B")  # the baseline of the peak: the resident set before the large call
+            # the baseline of the peak: the resident set before the large call
+            _readable(ready, go, b"B", own_threads)
             output = call_function(obj, case)
         message = {"output": output if isinstance(output, torch.Tensor) else None, "error": None}
     except BaseException as exc:  # the learner's error goes back as the outcome
@@ -460,7 +465,7 @@ def _call_in_child(obj: Any, small: Case, case: Case, data: int, ready: int, go:
     with _open(data, "wb") as pipe:  # its length first: a process the learner started may hold the pipe open
         pipe.write(len(payload).to_bytes(8, "little") + payload)
     try:
-        _readable(ready, go, b"E")  # what the calls wrote
+        _readable(ready, go, b"E", own_threads)  # what the calls wrote
     except BaseException:
         os._exit(4)
     os._exit(code)
