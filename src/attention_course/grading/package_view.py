@@ -57,7 +57,7 @@ __all__ = ["WORKER_MODULES", "fill_view", "instructor_side", "library_sources", 
            "pickle_modules", "view_modules"]
 
 PACKAGE = "attention_course"
-#: The modules of the grading worker: every view has them (the worker imports them before it knows its job).
+#: Every view holds these, the grading worker's own modules (the worker imports them before it knows its job).
 WORKER_MODULES = tuple(f"{PACKAGE}.grading.{name}" for name in (
     "worker", "channel", "learner_text", "wire", "import_guard", "spec", "declare", "compare", "findings",
     "exercises", "package_view"))
