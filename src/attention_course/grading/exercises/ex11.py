@@ -587,7 +587,17 @@ def _run_tiled(obj: Any, case: Case) -> Any:
     if not case.data.get("memory"):
         with _RefuseAttentionCalls():
             return call_function(obj, case)
-    return _measured_call(obj, case)
+    try:
+        output, added = _measured_call(obj, case)
+    except RuntimeError:  # measured once more below: a second failure is the answer's own
+        added = None
+    if added is None or added > MEMORY_ALLOWANCE:
+        # A busy or crowded process can show a transient extra page count (or break a handshake) once; a
+        # score matrix shows on every run. So the verdict takes the better of two measurements.
+        again_output, again = _measured_call(obj, case)
+        if added is None or again < added:
+            output, added = again_output, again
+    return output, added
 
 
 def _tiled_atol(v: View) -> float:
