@@ -27,10 +27,10 @@ document.addEventListener("DOMContentLoaded", function () {
   });
 });
 
-// A display equation or an output too wide for the column scrolls inside its own box; a box that scrolls must be
+// A display equation, an output or a table too wide for the column scrolls inside its own box; a box that scrolls must be
 // reachable from the keyboard (WCAG 2.1.1), so those, and only those, join the tab order.
 function courseFocusableScrollers() {
-  document.querySelectorAll('main mjx-container[display="true"], main .cell_output').forEach(function (box) {
+  document.querySelectorAll('main mjx-container[display="true"], main .cell_output, main .pst-scrollable-table-container').forEach(function (box) {
     var scrolls = box.scrollWidth > box.clientWidth + 1;
     if (scrolls && !box.hasAttribute("tabindex")) {
       box.setAttribute("tabindex", "0");
