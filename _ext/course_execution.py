@@ -25,7 +25,10 @@ What decides whether a notebook runs again:
 Each record carries the notebook's wall time and its **kernel CPU time** (user and system time of the
 kernel and of the processes it waited for: ``wait4`` in the zygote, or ``RUSAGE_CHILDREN`` of the worker that
 started a fresh kernel; a zygote's own start-up is charged to the first notebook it runs), which the Runtimes
-page shows and the budget tests check (``_ext/course_site.py``, ``tests/book``). A cell
+page shows and the budget tests check (``_ext/course_site.py``, ``tests/book``), and the machine's speed when
+it ran: each worker times a fixed workload just before each notebook (``_ext/cpu_calibration.py``, in a child
+of its zygote), and the budgets are
+checked in the reference machine's seconds, so that a slower or busier machine does not fail them. A cell
 that raises fails the run: every notebook still runs, then each failure is printed with its traceback and
 the exit status is 1, so the book is never built from a partly executed notebook.
 """
@@ -66,6 +69,9 @@ KERNEL_ENV = {
     "MKL_NUM_THREADS": "1",
 }
 CPU_KEY, WALL_KEY = "kernel_cpu_s", "execution_seconds"  # the cache record's data; WALL_KEY is myst-nb's name
+# How fast the machine was when the notebook ran: the CPU seconds of _ext/cpu_calibration.py's fixed workload,
+# timed by the worker that ran it as the worker started (the budgets convert kernel CPU to the reference machine's)
+CALIBRATION_KEY = "calibration_cpu_s"
 KEPT_CACHES = 3  # cache folders kept: the current one and the two used last (switching branches back and forth)
 
 
@@ -136,7 +142,8 @@ def cached_record(cache, notebook):
         record = cache.match_cache_notebook(notebook)
     except KeyError:
         return None
-    return record if CPU_KEY in (record.data or {}) else None
+    data = record.data or {}
+    return record if CPU_KEY in data and CALIBRATION_KEY in data else None
 
 
 def known_cpu_times(cache_root: Path) -> dict[str, float]:
@@ -195,6 +202,17 @@ class KernelZygote:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
+    def calibrate(self) -> float:
+        """CPU seconds of ``_ext/cpu_calibration.py``'s workload, run now in a child of the zygote."""
+        try:
+            os.write(self._requests, b'{"calibrate": true}\n')
+        except BrokenPipeError:
+            raise RuntimeError(f"the kernel zygote exited (status {self.process.wait()})") from None
+        answer = self._read(STARTUP_TIMEOUT)
+        if "calibration_cpu_s" not in answer:
+            raise RuntimeError(f"the CPU calibration failed in the kernel zygote: {answer}")
+        return float(answer["calibration_cpu_s"])
+
     def execute(self, notebook, timeout: int, cwd: str) -> tuple[float, str | None]:
         """Run ``notebook`` (a NotebookNode, filled in place) in a forked kernel: ``(kernel CPU s, error)``."""
         from jupyter_client.connect import write_connection_file
@@ -230,6 +248,21 @@ class KernelZygote:
 ZYGOTE = Path(__file__).with_name("kernel_zygote.py")
 STARTUP_TIMEOUT, SHUTDOWN_TIMEOUT = 120.0, 30.0
 _zygote: KernelZygote | None = None  # this worker's, started by start_worker
+_calibration_cpu_s: float | None = None  # without a zygote: the machine's speed as the worker started
+
+
+def measure_calibration() -> float:
+    """CPU seconds of ``_ext/cpu_calibration.py``'s workload, run now in a process with the kernels' settings."""
+    completed = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent / "cpu_calibration.py")],
+        env={**os.environ, **KERNEL_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"the CPU calibration failed:\n{completed.stderr}")
+    return float(json.loads(completed.stdout.strip().splitlines()[-1])["cpu_s"])
 
 
 def _run_in_kernel(notebook, timeout: int, connection_file: str, pid: int) -> None:
@@ -324,9 +357,12 @@ def execute_notebook(path: str, timeout: int) -> dict:
     folder = str(Path(path).parent)  # the notebook's folder, as run_in_temp: false
     cpu, wall = _children_cpu(), time.perf_counter()
     error = None
-    global _zygote
+    global _zygote, _calibration_cpu_s
+    calibration = None
     if _zygote is not None and kernel == "python3":
         try:
+            calibration = _zygote.calibrate()  # the machine's speed just before the notebook runs
+            wall = time.perf_counter()
             cpu_s, error = _zygote.execute(notebook, timeout, folder)
         except Exception:  # the zygote itself failed: this notebook fails, the next ones get fresh kernels
             cpu_s, error, _zygote = 0.0, traceback.format_exc(), None
@@ -339,7 +375,12 @@ def execute_notebook(path: str, timeout: int) -> dict:
         except Exception:  # a cell's error, a timeout, a kernel that died: all reported with the notebook's name
             error = traceback.format_exc()
         cpu_s = _children_cpu() - cpu
-    result = {"path": path, "cpu_s": round(cpu_s, 2), "wall_s": round(time.perf_counter() - wall, 2)}
+    if calibration is None:  # a fresh kernel: the speed measured once per worker, by a process of its own
+        if _calibration_cpu_s is None:
+            _calibration_cpu_s = measure_calibration()
+        calibration = _calibration_cpu_s
+    result = {"path": path, "cpu_s": round(cpu_s, 2), "wall_s": round(time.perf_counter() - wall, 2),
+              "calibration_cpu_s": calibration}
     if error is None:
         # Same code cells as the source (nbclient only adds outputs): the cache must match the source's hash.
         notebook.metadata["kernelspec"] = source.metadata.get("kernelspec", notebook.metadata.get("kernelspec"))
@@ -420,7 +461,7 @@ def execute_book(
                 print("      " + "\n      ".join(last_lines), flush=True)  # the whole traceback comes at the end
                 continue
             outputs = nbformat.reads(result["notebook"], as_version=4)
-            data = {WALL_KEY: result["wall_s"], CPU_KEY: result["cpu_s"]}
+            data = {WALL_KEY: result["wall_s"], CPU_KEY: result["cpu_s"], CALIBRATION_KEY: result["calibration_cpu_s"]}
             bundle = CacheBundleIn(outputs, result["path"], data=data)
             cache.cache_notebook_bundle(bundle, check_validity=False, overwrite=True)
             source = nbformat.read(result["path"], as_version=4)

@@ -240,10 +240,30 @@ def cached_timing(app: Sphinx, source: str) -> dict[str, float] | None:
     except KeyError:
         return None
     data = record.data or {}
-    if execution.CPU_KEY not in data:
+    if execution.CPU_KEY not in data or execution.CALIBRATION_KEY not in data:
         cache.remove_cache(record.pk)
         return None
-    return {"cpu_s": round(float(data[execution.CPU_KEY]), 2), "wall_s": round(float(data[execution.WALL_KEY]), 2)}
+    return timing(data[execution.CPU_KEY], data[execution.WALL_KEY], data[execution.CALIBRATION_KEY])
+
+
+def timing(cpu_s: float, wall_s: float, calibration_cpu_s: float) -> dict[str, float]:
+    """A page's record in cpu-times.json: its kernel CPU and wall seconds, the machine's calibration then, and
+    the kernel CPU converted to the reference machine's seconds (``_ext/cpu_calibration.py``)."""
+    _execution()  # puts _ext/ on sys.path
+    import cpu_calibration
+
+    reference = float(cpu_s) * cpu_calibration.REFERENCE_CPU_S / float(calibration_cpu_s)
+    return {"cpu_s": round(float(cpu_s), 2), "wall_s": round(float(wall_s), 2),
+            "calibration_cpu_s": round(float(calibration_cpu_s), 4), "reference_cpu_s": round(reference, 2)}
+
+
+_build_calibration: list[float] = []  # measured once, when the build itself executes a page
+
+
+def build_calibration() -> float:
+    if not _build_calibration:
+        _build_calibration.append(_execution().measure_calibration())
+    return _build_calibration[0]
 
 
 def start_clock(app: Sphinx, docname: str, source: list[str]) -> None:
@@ -261,8 +281,8 @@ def stop_clock(app: Sphinx, doctree: nodes.document) -> None:
     if cached is not None:
         timings[docname] = cached
     else:
-        measured = {"cpu_s": round(_children_cpu() - cpu, 2), "wall_s": round(time.perf_counter() - wall, 2)}
-        timings[docname] = measured
+        cpu_s, wall_s = _children_cpu() - cpu, time.perf_counter() - wall
+        timings[docname] = timing(cpu_s, wall_s, build_calibration())
     app.env.course_cpu_times = timings
 
 
@@ -282,9 +302,9 @@ def fill_cpu_tables(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     timings = getattr(app.env, "course_cpu_times", {})
     for placeholder in list(doctree.findall(cpu_table_placeholder)):
         table = nodes.table(classes=["course-cpu-table"], ids=["kernel-cpu-times"])
-        group = nodes.tgroup(cols=3)
+        group = nodes.tgroup(cols=4)
         table += group
-        group.extend(nodes.colspec(colwidth=width) for width in (60, 20, 20))
+        group.extend(nodes.colspec(colwidth=width) for width in (52, 16, 16, 16))
         head, body = nodes.thead(), nodes.tbody()
         group += head
         group += body
@@ -297,12 +317,12 @@ def fill_cpu_tables(app: Sphinx, doctree: nodes.document, docname: str) -> None:
                 result += entry
             return result
 
-        head += row("Document", "Kernel CPU (s)", "Wall (s)")
+        head += row("Document", "Kernel CPU (s)", "Reference machine (s)", "Wall (s)")
         for name in sorted(timings):
-            body += row(name, f"{timings[name]['cpu_s']:.1f}", f"{timings[name]['wall_s']:.1f}")
-        total_cpu = sum(t["cpu_s"] for t in timings.values())
-        total_wall = sum(t["wall_s"] for t in timings.values())
-        body += row("Total", f"{total_cpu:.1f}", f"{total_wall:.1f}")
+            t = timings[name]
+            body += row(name, f"{t['cpu_s']:.1f}", f"{t['reference_cpu_s']:.1f}", f"{t['wall_s']:.1f}")
+        totals = {key: sum(t[key] for t in timings.values()) for key in ("cpu_s", "reference_cpu_s", "wall_s")}
+        body += row("Total", *(f"{value:.1f}" for value in totals.values()))
         placeholder.replace_self(table)
 
 

@@ -15,9 +15,10 @@ The protocol is one JSON object per line. The zygote first replies
 ``{"connection_file", "cwd"}``, it replies ``{"pid"}`` once the kernel is forked, and
 ``{"pid", "status", "cpu_s"}`` once the kernel has exited: ``cpu_s`` is the user and system time that
 ``wait4`` reports for the kernel and every process it waited for, the measure ``RUSAGE_CHILDREN`` gives for a
-kernel started with ``subprocess``. It exits when its requests pipe closes; if that happens while a kernel
-runs (the worker was stopped), it kills the kernel first. A kernel exits when the zygote does, as a kernel
-started by jupyter_client exits when its parent does.
+kernel started with ``subprocess``. A request ``{"calibrate": true}`` is answered ``{"calibration_cpu_s"}``:
+the machine's speed now (``_ext/cpu_calibration.py``), measured in a forked child. It exits when its requests
+pipe closes; if that happens while a kernel runs (the worker was stopped), it kills the kernel first. A kernel
+exits when the zygote does, as a kernel started by jupyter_client exits when its parent does.
 """
 
 from __future__ import annotations
@@ -81,6 +82,28 @@ def wait_for_kernel(pid: int, requests_fd: int):
             os.close(watch)
 
 
+def calibrate(replies) -> None:
+    """Reply ``{"calibration_cpu_s"}``: cpu_calibration.py's workload timed in a forked child, which has
+    PyTorch imported as a kernel has (the zygote itself runs nothing but imports)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        status = 1
+        try:
+            import cpu_calibration  # beside this file: the script's folder is sys.path[0] here
+
+            os.write(write_fd, json.dumps({"calibration_cpu_s": cpu_calibration.measure()}).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as result:
+        answer = result.read()
+    _, status = os.waitpid(pid, 0)
+    reply(replies, json.loads(answer) if status == 0 and answer else {"calibration_error": f"status {status}"})
+
+
 def main(requests_fd: int, replies_fd: int) -> None:
     import importlib
 
@@ -91,6 +114,9 @@ def main(requests_fd: int, replies_fd: int) -> None:
     reply(replies, {"preload_cpu_s": round(usage.ru_utime + usage.ru_stime, 3)})
     for line in requests:  # unbuffered: nothing is read ahead of the line
         request = json.loads(line)
+        if request.get("calibrate"):
+            calibrate(replies)
+            continue
         pid = os.fork()
         if pid == 0:
             status = 0

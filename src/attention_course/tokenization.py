@@ -157,7 +157,7 @@ class BPETokenizer:
 
     def encode(self, text: str) -> list[int]:
         """``text`` -> token ids."""
-        return self.tokenizer.encode(text).ids
+        return self.tokenizer.encode_batch_fast([text])[0].ids  # ids without character offsets
 
     def tokens(self, text: str) -> list[str]:
         """``text`` -> token strings (byte-level symbols)."""

@@ -23,7 +23,8 @@ HTML = Path(os.environ.get(SITE_ENV) or ROOT / "_build" / "html").resolve()
 # The book the site was built from: the folder holding _build/ (the repository, or a test book elsewhere).
 BOOK = HTML.parents[1] if (HTML.parents[1] / "_toc.yml").exists() else ROOT
 
-# Budgets in seconds of kernel CPU time (COURSE.md "Performance budgets": each lesson <= 90 s, the whole book,
+# Budgets in seconds of kernel CPU time on the reference machine (_ext/cpu_calibration.py converts what this
+# machine measured; COURSE.md "Performance budgets": each lesson <= 90 s, the whole book,
 # twenty lessons and the exercise solutions, <= 11 min on 2 cores). The pages they apply to are read from
 # _toc.yml, so a new lesson is checked as soon as it is listed there.
 LESSON_BUDGET_SECONDS = 90.0
@@ -107,7 +108,9 @@ def anchors_in(page: Path) -> frozenset[str]:
 
 
 def cpu_times() -> dict[str, dict[str, float]]:
-    """``{document: {"cpu_s": kernel CPU seconds, "wall_s": wall seconds}}``, measured by _ext/course_site.py."""
+    """``{document: {"cpu_s": kernel CPU seconds, "wall_s": wall seconds, "calibration_cpu_s": the machine's
+    calibration then, "reference_cpu_s": the kernel CPU in the reference machine's seconds}}``, measured by
+    _ext/course_site.py (_ext/cpu_calibration.py converts)."""
     path = HTML / "cpu-times.json"
     if not path.exists():
         raise AssertionError(f"{path} is missing: the course_site extension measures every executed notebook")

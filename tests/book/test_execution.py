@@ -71,6 +71,8 @@ def test_notebooks_run_once_and_rerun_alone_when_their_code_changes(book):
     record = _record(root, first)
     assert record.data[execution.CPU_KEY] >= 0.2, f"the busy cell's CPU time was not measured: {record.data}"
     assert record.data[execution.WALL_KEY] > 0
+    # the machine's speed when it ran, the yardstick of the budgets (_ext/cpu_calibration.py)
+    assert 0 < record.data[execution.CALIBRATION_KEY] < 60, record.data
     from jupyter_cache import get_cache
 
     cached = get_cache(str(execution.cache_folder(root))).get_cache_bundle(record.pk).nb
@@ -169,6 +171,9 @@ def test_a_forked_kernel_starts_as_a_fresh_one_would(tmp_path):
         )
         assert result == {"executed": ["chapters/01_probe.ipynb"], "failed": []}
         seen[preloaded] = _outputs(root, probe)
+        # the machine's speed, measured in a child of the zygote or, with fresh kernels, in a process of its own
+        calibration = _record(root, probe).data[execution.CALIBRATION_KEY]
+        assert 0 < calibration < 60, f"no calibration with preloaded_kernels={preloaded}: {calibration}"
     assert seen[True] == seen[False], f"forked: {seen[True]}\nfresh: {seen[False]}"
     text = seen[True][0]
     for line in ("cwd chapters", "_ext on sys.path False", "threads 1 1",

@@ -74,3 +74,25 @@ def test_widget_control_models_are_told_from_progress_bars():
     assert course_site.CONTROL_MODEL.search("DropdownModel")
     for progress_bar_part in ("HBoxModel", "FloatProgressModel", "HTMLModel", "LayoutModel"):
         assert not course_site.CONTROL_MODEL.search(progress_bar_part)
+
+
+def test_kernel_cpu_is_converted_to_the_reference_machines_seconds():
+    course_site._execution()  # puts _ext/ on sys.path
+    import cpu_calibration
+
+    reference = cpu_calibration.REFERENCE_CPU_S
+    # a machine half as fast as the reference ran the workload in twice the time: its 120 s are 60 reference s
+    slower = course_site.timing(cpu_s=120.0, wall_s=150.0, calibration_cpu_s=2 * reference)
+    assert slower == {"cpu_s": 120.0, "wall_s": 150.0, "calibration_cpu_s": round(2 * reference, 4),
+                      "reference_cpu_s": 60.0}
+    assert course_site.timing(cpu_s=45.0, wall_s=50.0, calibration_cpu_s=reference)["reference_cpu_s"] == 45.0
+
+
+def test_a_cache_record_without_the_machines_calibration_is_executed_again(tmp_path):
+    """A record from before the calibration (or written by MyST-NB) carries no speed: it cannot be judged."""
+    execution = course_site._execution()
+    with_calibration = SimpleNamespace(data={execution.CPU_KEY: 3.0, execution.CALIBRATION_KEY: 0.9})
+    without = SimpleNamespace(data={execution.CPU_KEY: 3.0})
+    for record, kept in ((with_calibration, True), (without, False)):
+        cache = SimpleNamespace(match_cache_notebook=lambda notebook, record=record: record)
+        assert (execution.cached_record(cache, None) is record) is kept

@@ -184,7 +184,9 @@ def _intensity_cases(g: torch.Generator) -> list[Case]:
              (*seven_b, 4096, contexts(16, 1000, 4000), 2)),
         Case("a 7B model with 8 KV heads (d_kv = 1024), 64 sequences", (*seven_b, 1024, contexts(64, 100, 8000), 2)),
         Case("12 layers of width 256, 7 sequences, float32", (10_000_000, 12, 256, 128, contexts(7, 1, 3000), 4)),
-        Case("2 sequences of one position each", (80_000, 2, 48, 48, torch.ones(2, dtype=torch.long), 4)),
+        # three, not two: with two sequences of one position, one cache for the batch (max) and keys without
+        # values (kv=1) give the same number, and the learner would be told the wrong mistake
+        Case("3 sequences of one position each", (80_000, 2, 48, 48, torch.ones(3, dtype=torch.long), 4)),
     ]
 
 
