@@ -26,9 +26,10 @@ import time
 
 # This workload's CPU seconds (the median of three, beside a busy core, as in a build) on the reference
 # machine: this project's two-core build machine as it ran the book's 08:38 build of 2026-11-29 (518 s of
-# kernel CPU). The workload did not exist then, so the figure is fitted: at 14:30 the same machine ran the
-# notebooks that have not changed since about 1.6 times slower, and this workload in 0.28-0.30 s.
-REFERENCE_CPU_S = 0.18
+# kernel CPU). The workload did not exist then, so the figure is fitted. In a fresh build at 14:35 the eight
+# lessons unchanged since then (02-07, 10, 12) took 1.15-1.26 times their morning kernel CPU; each one's
+# calibration times its morning/now ratio gives 0.202-0.218 s, and the median is the reference.
+REFERENCE_CPU_S = 0.211
 REPETITIONS, STEPS = 3, 30
 
 
