@@ -317,7 +317,7 @@ def fill_cpu_tables(app: Sphinx, doctree: nodes.document, docname: str) -> None:
                 result += entry
             return result
 
-        head += row("Document", "Kernel CPU (s)", "Reference machine (s)", "Wall (s)")
+        head += row("Page", "CPU (s)", "Reference (s)", "Wall (s)")
         for name in sorted(timings):
             t = timings[name]
             body += row(name, f"{t['cpu_s']:.1f}", f"{t['reference_cpu_s']:.1f}", f"{t['wall_s']:.1f}")

@@ -141,11 +141,23 @@ def test_runtime_tables_list_every_notebook():
         assert entry in measured, f"{entry} is missing from the kernel CPU times (cpu-times.json)"
     table = main_content(page_for("chapters/runtimes")).find("table", id="kernel-cpu-times")
     assert table is not None, "the Runtimes page does not show the kernel CPU times"
+    # each page's row shows what the budgets judge: its kernel CPU in the reference machine's seconds
+    header = [cell.get_text(strip=True) for cell in table.find("thead").find_all("th")]
+    assert header == ["Page", "CPU (s)", "Reference (s)", "Wall (s)"], header
+    shown = {
+        cells[0]: float(cells[2])
+        for row in table.find("tbody").find_all("tr")
+        if (cells := [cell.get_text(strip=True) for cell in row.find_all("td")])[0] != "Total"
+    }
+    for entry in notebook_entries():
+        assert abs(shown[entry] - measured[entry]["reference_cpu_s"]) < 0.051, (entry, shown[entry], measured[entry])
 
 
 # The whole book was over its 660 s budget from 2026-11-26 (695-732 s in fresh builds, a fresh kernel per notebook,
 # each importing PyTorch); since each worker forks its kernels from a process that imported PyTorch once
 # (_ext/kernel_zygote.py, 2026-11-27), fresh builds take 539 s and 587 s, and the check fails the build again.
+# On 2026-11-29 nearly the same notebooks took 518 s here in the morning, 829 s in the afternoon and 807 s on
+# CI: the kernel CPU grew with the host's load, so the budgets are judged in the reference machine's seconds.
 
 
 @pytest.mark.parametrize("entry", notebook_entries())
