@@ -27,8 +27,8 @@ kernel and of the processes it waited for: ``wait4`` in the zygote, or ``RUSAGE_
 started a fresh kernel; a zygote's own start-up is charged to the first notebook it runs), which the Runtimes
 page shows and the budget tests check (``_ext/course_site.py``, ``tests/book``), and the machine's speed when
 it ran: each worker times a fixed workload just before each notebook (``_ext/cpu_calibration.py``, in a child
-of its zygote), and the budgets are
-checked in the reference machine's seconds, so that a slower or busier machine does not fail them. A cell
+of its zygote), and the budgets are checked in the reference machine's seconds, so that a slower or busier
+machine does not fail them. A cell
 that raises fails the run: every notebook still runs, then each failure is printed with its traceback and
 the exit status is 1, so the book is never built from a partly executed notebook.
 """
@@ -70,7 +70,7 @@ KERNEL_ENV = {
 }
 CPU_KEY, WALL_KEY = "kernel_cpu_s", "execution_seconds"  # the cache record's data; WALL_KEY is myst-nb's name
 # How fast the machine was when the notebook ran: the CPU seconds of _ext/cpu_calibration.py's fixed workload,
-# timed by the worker that ran it as the worker started (the budgets convert kernel CPU to the reference machine's)
+# timed just before the notebook (the budgets convert its kernel CPU into the reference machine's seconds)
 CALIBRATION_KEY = "calibration_cpu_s"
 KEPT_CACHES = 3  # cache folders kept: the current one and the two used last (switching branches back and forth)
 
