@@ -6,7 +6,7 @@ The lessons' budgets (COURSE.md "Performance budgets": each lesson within 90 s, 
 are seconds of kernel CPU on the **reference machine**, a two-core machine that runs this workload in
 ``REFERENCE_CPU_S`` seconds. Kernel CPU time does not count the time a kernel waits for a core, but it does
 grow when the core itself is slower: an older processor, or a virtual core whose sibling another tenant keeps
-busy. The same build measured 518 s and 829 s of kernel CPU on one machine on one day (2026-11-29), the
+busy. Nearly the same notebooks took 518 s and 829 s of kernel CPU on one machine on one day (2026-11-29), the
 second while the host was loaded, and CI 492 s and 807 s on two runs of nearly the same lessons. So the
 execution workers time this workload just before each notebook, in the conditions the notebook then meets
 (``_ext/course_execution.py``: in a process forked from the kernel zygote, while the other worker runs its
