@@ -1,6 +1,6 @@
 """How fast is this machine now? CPU seconds of a fixed workload like the lessons', on one thread.
 
-    python _ext/cpu_calibration.py      # prints {"cpu_s": ...}: the median of three repetitions
+    python _ext/cpu_calibration.py      # prints {"cpu_s": ...}: the median of five repetitions
 
 The lessons' budgets (COURSE.md "Performance budgets": each lesson within 90 s, the whole book within 660 s)
 are seconds of kernel CPU on the **reference machine**, a two-core machine that runs this workload in
@@ -24,13 +24,13 @@ import json
 import os
 import time
 
-# This workload's CPU seconds (the median of three, beside a busy core, as in a build) on the reference
+# This workload's CPU seconds (the median of its runs, beside a busy core, as in a build) on the reference
 # machine: this project's two-core build machine as it ran the book's 08:38 build of 2026-11-29 (518 s of
 # kernel CPU). The workload did not exist then, so the figure is fitted. In a fresh build at 14:35 the eight
 # lessons unchanged since then (02-07, 10, 12) took 1.15-1.26 times their morning kernel CPU; each one's
 # calibration times its morning/now ratio gives 0.202-0.218 s, and the median is the reference.
 REFERENCE_CPU_S = 0.211
-REPETITIONS, STEPS = 3, 30
+REPETITIONS, STEPS = 5, 30  # five: one notebook's verdict rests on one calibration (three scattered by ±7%)
 
 
 def workload(steps: int = STEPS) -> None:
