@@ -581,22 +581,31 @@ def _measured_call(obj: Any, case: Case) -> tuple[Any, int]:
     return result["output"], int(measured["added"])
 
 
+MEMORY_ATTEMPTS = 3  # measurements of one memory case at most (see _run_tiled)
+
+
 def _run_tiled(obj: Any, case: Case) -> Any:
     """Call the learner's function (no attention kernel of PyTorch allowed); for the memory case, in a
     child process whose peak memory is measured (see ``_measured_call``)."""
     if not case.data.get("memory"):
         with _RefuseAttentionCalls():
             return call_function(obj, case)
-    try:
-        output, added = _measured_call(obj, case)
-    except RuntimeError:  # measured once more below: a second failure is the answer's own
-        added = None
-    if added is None or added > MEMORY_ALLOWANCE:
-        # A busy or crowded process can show a transient extra page count (or break a handshake) once; a
-        # score matrix shows on every run. So the verdict takes the better of two measurements.
-        again_output, again = _measured_call(obj, case)
-        if added is None or again < added:
-            output, added = again_output, again
+    # A busy or crowded machine can show a transient extra page count (or break a handshake) in one
+    # measurement, and twice in a row under load (seen once in twenty draws with two); a score matrix shows on
+    # every run. So the verdict takes the best of up to three measurements, stopping at the first within the
+    # allowance; the last attempt's failure is the answer's own.
+    output, added = None, None
+    for attempt in range(MEMORY_ATTEMPTS):
+        try:
+            attempt_output, attempt_added = _measured_call(obj, case)
+        except RuntimeError:
+            if attempt == MEMORY_ATTEMPTS - 1 and added is None:
+                raise
+            continue
+        if added is None or attempt_added < added:
+            output, added = attempt_output, attempt_added
+        if added <= MEMORY_ALLOWANCE:
+            break
     return output, added
 
 
