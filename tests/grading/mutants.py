@@ -32,8 +32,8 @@ class Mutant:
     old: str
     new: str
     zero: bool = False  # must score 0 on its part (right only on cases that do not tell it apart)
-    #: words the check's message must contain (naming the mistake, not only a number); empty only for the
-    #: mutants test_learner_feedback.NOT_YET_NAMED lists
+    #: words the check's message must contain (naming the mistake, not only a number); every mutant declares them
+    #: (test_learner_feedback.test_every_known_mistake_declares_the_words_that_name_it)
     says: str = ""
 
 
@@ -63,7 +63,8 @@ MUTANTS = [
            "return exp / exp.sum(dim=-1, keepdim=True)", "return (exp / exp.sum(dim=-1, keepdim=True)).float()",
            says='(the dtype of the inputs)'),
     Mutant("pooling_transposed", EX02, "attention_pooling",
-           "return torch.matmul(weights, X)", "return torch.matmul(X.transpose(-2, -1), weights.transpose(-2, -1))"),
+           "return torch.matmul(weights, X)", "return torch.matmul(X.transpose(-2, -1), weights.transpose(-2, -1))",
+           says='your output is (weights @ X)ᵀ'),
     Mutant("pooling_ignores_weights", EX02, "attention_pooling",
            "return torch.matmul(weights, X)",
            "return X.mean(dim=-2, keepdim=True).expand(*weights.shape[:-1], X.shape[-1])", zero=True,
@@ -77,7 +78,8 @@ MUTANTS = [
            "scores = torch.matmul(X, X.transpose(-2, -1)) / math.sqrt(X.shape[-1])",
            says='your weights divide the scores by sqrt(d)'),
     Mutant("self_attention_swapped_outputs", EX02, "self_attention_no_projections",
-           "return attention_pooling(X, weights), weights", "return weights, attention_pooling(X, weights)"),
+           "return attention_pooling(X, weights), weights", "return weights, attention_pooling(X, weights)",
+           says='return them in the order (output, weights)'),
     Mutant("self_attention_unstable_softmax", EX02, "self_attention_no_projections",
            "weights = soft_attention_weights(scores, beta)",
            "weights = torch.exp(beta * scores) / torch.exp(beta * scores).sum(dim=-1, keepdim=True)",
@@ -109,7 +111,8 @@ MUTANTS = [
            "output = weights @ V", "output = V.mean(dim=0)", zero=True,
            says='your output is the plain mean of the values'),
     Mutant("one_query_naive_exp", "ex04_queries_keys_values", "attend_one_query",
-           "weights = torch.softmax(scores, dim=-1)", "weights = torch.exp(scores) / torch.exp(scores).sum()"),
+           "weights = torch.softmax(scores, dim=-1)", "weights = torch.exp(scores) / torch.exp(scores).sum()",
+           says='subtract the largest score before exponentiating'),
     Mutant("matrix_softmax_over_queries", "ex04_queries_keys_values", "attention_matrix_form",
            "weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-2)",
            says='instead of 1'),
@@ -131,7 +134,8 @@ MUTANTS = [
            "scores = query @ keys.transpose(-2, -1)", "scores = -torch.cdist(query, keys)", zero=True,
            says='the highest score (the first one, on a tie)'),
     Mutant("kv_hard_returns_keys", "ex03_key_value_store", "hard_lookup", "return weights @ values  ",
-           "return weights @ keys  "),
+           "return weights @ keys  ",
+           says='your output rows are the best keys'),
     Mutant("kv_soft_no_beta", "ex03_key_value_store", "soft_lookup",
            "scores = beta * (query @ keys.transpose(-2, -1))", "scores = query @ keys.transpose(-2, -1)",
            says='your weights ignore beta: multiply the scores by beta before the'),
@@ -209,7 +213,8 @@ MUTANTS = [
            "mask = causal_mask(L) & not_padding", "mask = not_padding",
            says='the future leaks into the past'),
     Mutant("decoder_padding_as_queries", "ex05_scaling_and_masking", "causal_padded_self_attention",
-           "not_padding = (token_ids != pad_id)[:, None, :]", "not_padding = (token_ids != pad_id)[:, :, None]"),
+           "not_padding = (token_ids != pad_id)[:, None, :]", "not_padding = (token_ids != pad_id)[:, :, None]",
+           says='blocks the padding queries (rows) instead of the padding keys'),
     # --- ex11 (notebook ex11_efficient_attention) --------------------------------------------------------
     Mutant("cache_new_first", "ex11_efficient_attention", "cache_append",
            "keys = torch.cat([past_keys, new_keys], dim=-2)\n    values = torch.cat([past_values, new_values], dim=-2)",
@@ -274,7 +279,8 @@ MUTANTS = [
            "outputs.append(accumulator / running_sum[..., None])", "outputs.append(accumulator)",
            says="your output is the accumulator itself: divide each query block's"),
     Mutant("tiled_key_loop_over_queries", "ex11_efficient_attention", "tiled_attention",
-           "range(0, key.shape[-2], block_size)", "range(0, query.shape[-2], block_size)"),
+           "range(0, key.shape[-2], block_size)", "range(0, query.shape[-2], block_size)",
+           says='your loop over key blocks runs over the number of queries'),
     # --- ex13 (notebook ex13_decoder_only_language_models) -----------------------------------------------
     Mutant("lm_loss_not_shifted", "ex13_decoder_only_language_models", "next_token_loss",
            "targets = tokens[:, 1:]", "targets = tokens[:, :-1]",
@@ -513,7 +519,8 @@ MUTANTS = [
     # --- ex17 (notebook ex17_serving_attention) -----------------------------------------------------------
     Mutant("lookup_offset_off_by_one", "ex17_serving_attention", "locate",
            "return block_table[entries], positions % block_size",
-           "return block_table[entries], (positions + 1) % block_size"),
+           "return block_table[entries], (positions + 1) % block_size",
+           says='your offsets are one slot off'),
     Mutant("speculative_accept_without_ratio", "ex17_serving_attention", "verify_draft",
            "if uniforms[i] >= min(1.0, float(ratio)):", "if uniforms[i] >= 1.0:", zero=True,
            says='accept with probability min(1, p/q)'),
@@ -526,7 +533,8 @@ MUTANTS = [
            says='not the physical block stored there'),
     Mutant("preempted_blocks_never_freed", "ex17_serving_attention", "make_room",
            "pool += [int(b) for b in tables[row] if b >= 0]  # its blocks are free again",
-           "pass  # its blocks stay taken"),
+           "pass  # its blocks stay taken",
+           says="a preempted sequence's blocks must go back to the free list"),
     Mutant("preempted_loses_generated_tokens", "ex17_serving_attention", "make_room",
            "recompute = torch.where(keep, torch.zeros_like(prompts), prompts + generated)",
            "recompute = torch.where(keep, torch.zeros_like(prompts), prompts)",
@@ -550,7 +558,8 @@ MUTANTS = [
            "v = (value @ w_v).view(batch, len_k,", "v = (value @ w_v).view(batch, len_q,",
            says='shapes do not fit'),
     Mutant("heads_wrong_output_labels", BUG_HUNT, "multi_head_weights",
-           '"bqhd,bkhd->bhqk", q, k)  #', '"bqhd,bkhd->bqhk", q, k)  #'),
+           '"bqhd,bkhd->bhqk", q, k)  #', '"bqhd,bkhd->bqhk", q, k)  #',
+           says='put the head axis before the query axis'),
     Mutant("scale_without_square_root", BUG_HUNT, "multi_head_self_attention",
            "/ math.sqrt(d_head)", "/ d_head",
            says='your scores are divided by d_head: scaled dot-product attention'),
@@ -670,7 +679,8 @@ MUTANTS = [
            says='has no allowed key, so its weights must be all zero'),
     Mutant("mha_key_used_as_value", "ex06_multi_head_attention", "multi_head_attention",
            'v = split_heads(value @ params["W_v"] + params["b_v"], num_heads)',
-           'v = split_heads(key @ params["W_v"] + params["b_v"], num_heads)'),
+           'v = split_heads(key @ params["W_v"] + params["b_v"], num_heads)',
+           says='your values are projected from key'),
     Mutant("mha_params_no_transpose", "ex06_multi_head_attention", "params_from_torch",
            'params = {"W_q": w_q.T, "W_k": w_k.T, "W_v": w_v.T, "W_o": w_o.T}',
            'params = {"W_q": w_q, "W_k": w_k, "W_v": w_v, "W_o": w_o}',

@@ -6,8 +6,11 @@ import builtins
 import io
 import keyword
 import math
+import os
 import pickle
 import re
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from attention_course.grading.exercises import exercise_ids
 from attention_course.grading.notebook_format import TAG_GRADED, cell_tags, notebook_exercise
 from attention_course.grading.sandbox import _load_outcomes
 from attention_course.grading.wire import describe, is_wire, outcome_of_call, to_wire, unsupported_type
+from attention_course.grading.worker import _warm_up_lazy_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "exercises" / "solutions").glob("*.ipynb"))
@@ -346,6 +350,7 @@ def test_the_memory_case_measures_the_call_whatever_the_process_did_before():
     def tiles(query, key, value, block):
         return tiled_attention(query, key, value, block_size=block)
 
+    _warm_up_lazy_imports()  # as the grading worker does before any job (PyTorch's lazy imports are not the call's)
     part = get_exercise("ex11").part("tiled_attention")
     cases = [c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.data.get("memory")]
     assert len(cases) == 2
@@ -416,6 +421,42 @@ def test_the_memory_case_counts_a_score_matrix_written_into_a_buffer_made_before
             assert "buffer prepared in advance" in part.verify(case, (output, used))
         output, used = part.run(numpy_tiles, case)
         assert torch.allclose(output, reference, atol=1e-4) and used <= MEMORY_ALLOWANCE, (case.name, used)
+
+
+#: A process with a long history (a test session, or a notebook whose cells allocated and freed a lot): a heap
+#: full of holes and half-used pages, many half-used pools of Python objects.
+_FRAGMENTED_PROCESS = """
+import random, nbformat, torch
+from attention_course.grading import get_exercise
+from attention_course.grading.notebook_format import TAG_GRADED, cell_tags
+rng = random.Random(0)
+blocks = [torch.ones(rng.randrange(16, 16384)) for _ in range(20000)]
+del blocks[::2]
+objects = [[i] * rng.randrange(1, 20) for i in range(200000)]
+del objects[::2]
+exercise = get_exercise("ex11")
+namespace = {}
+exec(exercise.preamble, namespace)
+for cell in nbformat.read("exercises/solutions/ex11_efficient_attention.ipynb", as_version=4).cells:
+    if cell.cell_type == "code" and TAG_GRADED in cell_tags(cell):
+        exec(cell.source, namespace)
+part = exercise.part("tiled_attention")
+cases = [c for c in part.make_cases(torch.Generator().manual_seed(0)) if c.data.get("memory")]
+print(*(part.run(namespace["tiled_attention"], case)[1] for case in cases for _ in range(2)))
+"""
+
+
+def test_the_memory_case_passes_a_tiled_loop_in_a_process_with_a_fragmented_heap():
+    """What the process did before the call must not count as the call's memory: in a process whose heap is full
+    of holes, a peak inherited from before the call (6.5 MiB above the resident set once freed pages went back)
+    and the scattered pages any call writes in place (up to 10 MiB) once failed the solution's tiled loop."""
+    from attention_course.grading.exercises.ex11 import MEMORY_ALLOWANCE
+
+    run = subprocess.run([sys.executable, "-c", _FRAGMENTED_PROCESS], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr
+    used = [int(number) for number in run.stdout.split()]
+    assert len(used) == 4 and max(used) <= MEMORY_ALLOWANCE / 2, used
 
 
 @pytest.mark.parametrize(("name", "other", "source"), [

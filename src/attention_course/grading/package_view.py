@@ -23,10 +23,9 @@ A module outside that set has no file in the sandbox, so no code there can impor
 into its own process's memory: ``importlib.util.find_spec("attention_course.alibi")`` is ``None`` in ex14.
 Parts with different allowances are judged by different workers (``sandbox._allowance_groups``), each with
 the view of its own allowance. A module in the view that a part may not use (ex10's ``layers.py``, which
-its cases need; ex11's ``tiled.py``, whose loop its memory measurement runs in the sandbox) is kept from
-learner code by the run-time guard only (:mod:`attention_course.grading.import_guard`): that, PyTorch's
-own functions, and grading without a sandbox (``--no-sandbox``: no view at all) are the rule's limits
-(``chapters/instructors.md`` has the table).
+its cases need) is kept from learner code by the run-time guard only
+(:mod:`attention_course.grading.import_guard`): that, PyTorch's own functions, and grading without a
+sandbox (``--no-sandbox``: no view at all) are the rule's limits (``chapters/instructors.md`` has the table).
 
 How: every isolated sandbox gets a folder of its own (:func:`new_view`, in the sandbox's private folder),
 bound read-only at the package's path in place of the package. It starts with the worker's modules only,

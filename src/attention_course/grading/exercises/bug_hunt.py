@@ -89,7 +89,20 @@ def _head_weights_reference(v: View) -> torch.Tensor:
     return torch.softmax(q_heads @ k_heads.transpose(-2, -1) / math.sqrt(d_head), dim=-1)
 
 
+def _heads_after_queries(v: View) -> Finding | None:
+    """Weights laid out (B, Lq, H, Lk), the right maps with the head and query axes swapped."""
+    want, out = v.want.weights, v.output
+    B, H, Lq, Lk = want.shape
+    if isinstance(out, torch.Tensor) and out.is_floating_point() and H != Lq and tuple(out.shape) == (B, Lq, H, Lk) \
+            and torch.allclose(f64(out), want.transpose(1, 2), atol=1e-5, rtol=1e-4):
+        return Finding(f"your weights are laid out (batch, query, head, key), shape {tuple(out.shape)}: put the "
+                       f"head axis before the query axis, (batch, head, query, key), shape {tuple(want.shape)} (in an "
+                       "einsum, the order of the output labels sets the layout)", FailureKind.KNOWN_MISTAKE)
+    return None
+
+
 _HEAD_WEIGHTS = Check(reference=_head_weights_reference, properties=(distribution("weights"),),
+                      before=(_heads_after_queries,),
                       outputs=(Out("weights", "each head's softmax(q_h k_hᵀ / √d_head)"),))
 
 

@@ -3,7 +3,7 @@
 The learner writes, one token per row of ``X``: hard (one-hot argmax) weights, soft weights with an inverse
 temperature β, attention pooling ``h = a X``, self-attention without projections and a permutation-equivariance
 gap. References are PyTorch's functions in float64; recognised mistakes: argmax indices instead of one-hot rows,
-β ignored or dividing the scores.
+β ignored or dividing the scores, the pooled output transposed, (weights, output) returned swapped.
 """
 
 from __future__ import annotations
@@ -136,7 +136,20 @@ def _pooling_examples(v: View) -> str | None:
     return None
 
 
+def _pooling_transposed(v: View) -> Finding | None:
+    """An output of shape (..., d, queries) that is (weights @ X)ᵀ: the product taken the other way round."""
+    want, out = v.want.output, v.output
+    if isinstance(out, torch.Tensor) and out.is_floating_point() and want.shape[-1] != want.shape[-2] \
+            and tuple(out.shape) == (*want.shape[:-2], want.shape[-1], want.shape[-2]) \
+            and torch.allclose(f64(out), want.transpose(-2, -1), atol=1e-5, rtol=1e-4):
+        return Finding(f"your output is (weights @ X)ᵀ, of shape {tuple(out.shape)}: one row per feature. "
+                       f"Keep one row per query: multiply weights (queries, keys) by X (keys, features), giving "
+                       f"shape {tuple(want.shape)}", FailureKind.KNOWN_MISTAKE)
+    return None
+
+
 _POOLING = Check(reference=lambda v: torch.matmul(v.x[1], v.x[0]), outputs=(Out("output", "weights @ X"),),
+                 before=(_pooling_transposed,),
                  properties=(_pooling_examples,),
                  mistakes=(Mistake(lambda v: v.x[0].mean(dim=-2, keepdim=True).expand(*v.x[1].shape[:-1],
                                                                                       v.x[0].shape[-1]),
@@ -196,8 +209,20 @@ def _weights_atol(v: View) -> float:
     return float32_atol((v.kwargs["beta"] * X @ X.transpose(-2, -1)).abs().max(), factor=1.0)
 
 
+def _swapped_outputs(v: View) -> Finding | None:
+    """A pair (weights, output): both tensors right in shape, in the wrong order."""
+    out, want = v.output, v.want
+    if isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out) \
+            and want.output.shape != want.weights.shape and out[0].shape == want.weights.shape \
+            and out[1].shape == want.output.shape:
+        return Finding("your function returns (weights, output): return them in the order (output, weights)",
+                       FailureKind.KNOWN_MISTAKE)
+    return None
+
+
 _SELF_ATTENTION = Check(
     reference=_self_attention_reference,
+    before=(_swapped_outputs,),
     outputs=(Out("output", "weights @ X", atol=lambda v: max(1e-4, _weights_atol(v) * float(v.x[0].abs().max()))),
              Out("weights", "softmax(beta * X Xᵀ)", atol=_weights_atol)),
     compare=("weights",),

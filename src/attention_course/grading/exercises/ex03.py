@@ -3,8 +3,8 @@
 The learner writes, one query, key or value per row: a hard lookup, the soft lookup ``softmax(beta · Q Kᵀ) V``,
 the additive score ``wᵀ tanh(q W_q + k W_k)`` and the soft lookup's limit as ``beta → ∞`` (tied keys share the
 weight). References, in float64: ``F.scaled_dot_product_attention``, the library's ``AdditiveAttention`` with the
-learner's matrices, and the definitions. Recognised mistakes: another key's value, beta ignored or over sqrt(d_k),
-tanh left out or applied to each term.
+learner's matrices, and the definitions. Recognised mistakes: the best key instead of its value, another key's
+value, beta ignored or over sqrt(d_k), tanh left out or applied to each term.
 """
 
 
@@ -102,7 +102,23 @@ def _hard_rows(v: View) -> str | None:
     return None
 
 
-_HARD = Check(reference=_hard_reference, outputs=(Out("output"),), after=(_hard_rows,))
+def _returned_keys(v: View) -> Finding | None:
+    """Output rows of the keys' width d_k (not the values' d_v) that are the best keys themselves."""
+    query, keys, values = v.x
+    out = v.output
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or keys.shape[-1] == values.shape[-1] \
+            or tuple(out.shape) != (*v.want.output.shape[:-1], keys.shape[-1]):
+        return None
+    winners = _scores(query, keys).argmax(dim=-1)
+    best_keys = torch.gather(keys, -2, winners.unsqueeze(-1).expand(*winners.shape, keys.shape[-1]))
+    if not torch.allclose(f64(out), best_keys, atol=1e-5, rtol=1e-4):
+        return None
+    return Finding(f"your output rows are the best keys (width d_k = {keys.shape[-1]}), not their values (width "
+                   f"{values.shape[-1]}): the keys only decide which row to pick; return the value stored under "
+                   "the best key", FailureKind.KNOWN_MISTAKE)
+
+
+_HARD = Check(reference=_hard_reference, outputs=(Out("output"),), before=(_returned_keys,), after=(_hard_rows,))
 
 
 # --- part 2: the soft lookup -----------------------------------------------------------------------------

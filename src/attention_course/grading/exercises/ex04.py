@@ -3,7 +3,8 @@
 The learner writes, one token per row: the projections Q = X W_Q, K = X W_K, V = X W_V (a ValueError when the
 shapes disagree), the same from one fused matrix, one query's output step by step, the matrix form, and
 cross-attention. References are PyTorch's, in float64. Recognised mistakes: transposed projections or weights,
-equal thirds of W_qkv, a missing or wrong 1/sqrt(d_k), the softmax over the queries, queries from the source.
+equal thirds of W_qkv, a missing or wrong 1/sqrt(d_k), the softmax over the queries, queries from the source
+(and overflow named for a softmax that does not subtract the largest score).
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def _one_query_cases(g: torch.Generator) -> list[Case]:
         degenerate(Case("all keys equal: uniform weights, the output is the mean value",
              (randn(g, 3), same_key, randn(g, 4, 5)), data={"uniform": True})),
         Case("large scores (about 1e4): no overflow", (randn(g, 4, scale=80.0), randn(g, 5, 4, scale=80.0),
-                                                       randn(g, 5, 2))),
+                                                       randn(g, 5, 2)), data={"stability": True}),
     ]
 
 
@@ -164,6 +165,9 @@ _ONE_QUERY = Check(
     outputs=(Out("output", "sum_j weights[j] * V[j]", by_rows=False),
              Out("weights", "softmax(K q / sqrt(d_k))", by_rows=False, atol=lambda v: _weights_atol(*v.args[:2]))),
     compare=("weights",),
+    advice=lambda v: (": exp overflows to infinity for scores above about 88 in float32 (inf / inf = NaN); subtract "
+                      "the largest score before exponentiating, as torch.softmax does" if v.data.get("stability")
+                      else ""),
     properties=(distribution("weights"), _uniform),
     mistakes=(*mistakes_on(_WEIGHT_MISTAKES, lambda v: _scores_and_d_k(*v.x[:2]), on="weights"),
               Mistake(lambda v: v.x[2].mean(dim=0), "your output is the plain mean of the values: weight each value "

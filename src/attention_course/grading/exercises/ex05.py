@@ -3,7 +3,8 @@
 With boolean masks (True = may attend) the learner writes scaled scores, a masked softmax (zero weights, never
 NaN, for a query with no allowed key), masked scaled dot-product attention, causal self-attention and causal
 self-attention over a padded batch. References: the float64 softmax over the allowed keys. Recognised: a missing
-or wrong 1/sqrt(d_k), NaN rows, an inverted mask, masking after the softmax, future leakage, ignored padding.
+or wrong 1/sqrt(d_k), NaN rows, an inverted mask, masking after the softmax, future leakage, ignored padding,
+padding masked as queries instead of keys.
 """
 
 from __future__ import annotations
@@ -405,7 +406,10 @@ _PADDED = Check(
     unpack=second_run("future", "alone"),
     mistakes=(Mistake(lambda v: _padded_reference(v, _causal(v.x[0].shape[-2])),
                       "your output ignores the padding: combine the causal mask with the padding mask (AND) so that "
-                      "no query attends to a padding key"),),
+                      "no query attends to a padding key"),
+              Mistake(lambda v: _padded_reference(v, _causal(v.x[0].shape[-2]) & (v.args[1] != v.args[2])[:, :, None]),
+                      "your padding mask blocks the padding queries (rows) instead of the padding keys (columns): "
+                      "shape it (B, 1, L), not (B, L, 1), so that it blocks the same keys for every query"),),
     explain=(lambda v: _zero_rows(v, _padded_mask(v), "the output of {row} must be all zeros: causally it sees only "
                                   "padding keys"), _no_leakage, _alone),
 )

@@ -4,7 +4,7 @@ The learner splits heads and merges them, writes the forward pass from a dict ``
 convention, True = may attend), reads those out of ``nn.MultiheadAttention`` and reproduces that module (True =
 blocked masks). References: float64 ``nn.MultiheadAttention``, or ``ac.MultiHeadAttention`` where PyTorch gives
 NaN. Recognised: scrambled heads, merging without the transpose, 1/√d_model, no output projection, averaged
-weights, inverted masks, untransposed or reordered ``in_proj_weight`` blocks.
+weights, inverted masks, values projected from the key, untransposed or reordered ``in_proj_weight`` blocks.
 """
 
 from __future__ import annotations
@@ -222,6 +222,9 @@ _FORWARD_MISTAKES = (
     Mistake(lambda q, k, v, p, h, mask: None if mask is None or bool(mask.all()) else
             _library_forward(q, k, v, _torch_module(p, h), ~mask)[0],
             "you blocked the keys where the mask is True; in this course True means \"may attend\""),
+    Mistake(lambda q, k, v, p, h, mask: _library_forward(q, k, k, _torch_module(p, h), mask)[0],
+            "your values are projected from key: project them from value (value @ W_v + b_v); key only gives the "
+            "keys the queries are scored against"),
 )
 
 

@@ -4,7 +4,7 @@ The learner writes appending to a KV cache, the online-softmax update (running m
 of tiled attention, and tiled attention itself, which must never create a tensor as large as the score matrix.
 References in float64: ``torch.cat``, ``torch.logsumexp``, ``F.scaled_dot_product_attention`` and the library's
 ``tiled_attention_step``. Recognised: new positions first, an old sum not rescaled, a decreasing maximum, overflow,
-the score matrix's memory, a call to an attention kernel.
+the score matrix's memory, a call to an attention kernel, key blocks counted over the queries.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from attention_course.grading.compare import close_problem, f64, float32_atol
 from attention_course.grading.declare import Check, Out, View, second_run
 from attention_course.grading.findings import FailureKind, Finding
+from attention_course.grading.package_view import instructor_side
 from attention_course.grading.spec import (
     Case,
     Exercise,
@@ -37,10 +38,10 @@ from attention_course.grading.spec import (
     unwatched,
     with_texts,
 )
-from attention_course.tiled import tiled_attention as reference_tiled
-from attention_course.tiled import tiled_attention_step as reference_step
 
 PREAMBLE = preamble()
+# The grader's references: imported only in its process, so that ``tiled.py`` is not in the sandbox's view.
+reference_step = instructor_side("attention_course.tiled", "tiled_attention_step")
 
 
 # --- part 1: appending to a KV cache ---------------------------------------------------------------------
@@ -353,16 +354,69 @@ def _status_of(pid: int) -> dict[str, int]:
     return found
 
 
-def _private_dirty_of(pid: int) -> int:
-    """The bytes process ``pid`` alone holds and has written (``Private_Dirty`` of ``/proc/<pid>/smaps_rollup``;
-    the process must be dumpable, or this one privileged). In a forked child a page the parent held becomes
-    private only once the child writes it: a score matrix written into a buffer made before the call shows
-    here, not in the peak."""
-    with _open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
-        for line in rollup:
-            if line.startswith("Private_Dirty:"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/{pid}/smaps_rollup gives no Private_Dirty")
+#: A page the learner's process made its own during the calls (wrote in place, copying a page it shared with the
+#: process it was forked from, or touched new and kept) counts only within a run of at least this many
+#: neighbouring such pages (256 KiB). A buffer made before the call and filled with scores is one long run;
+#: the pages that any call's small allocations and reference counts write lie scattered, and their number
+#: grows with what the process did before (0.6 MiB in a fresh worker, up to 10 MiB after a test session).
+OWN_RUN_PAGES = 64
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_EXCLUSIVE = 1 << 56  # /proc/<pid>/pagemap: the page is mapped by this process alone (bit 63, the sign: present)
+
+
+def _own_pages_of(pid: int) -> list[tuple[int, torch.Tensor]]:
+    """For each writable private mapping of process ``pid``, its start address and which of its pages the
+    process alone holds (present, and shared with no other process), from ``/proc/<pid>/maps`` and
+    ``/proc/<pid>/pagemap`` (the process must be dumpable; the flags need no privilege)."""
+    found = []
+    with _open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as maps, \
+            _open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 2 or fields[1] != "rw-p":
+                continue
+            start, end = (int(address, 16) for address in fields[0].split("-"))
+            pages = (end - start) // _PAGE
+            pagemap.seek(start // _PAGE * 8)
+            data = pagemap.read(pages * 8)
+            entries = torch.zeros(pages, dtype=torch.int64)
+            if data:
+                entries[:len(data) // 8] = torch.frombuffer(bytearray(data), dtype=torch.int64)
+            found.append((start, (entries < 0) & ((entries & _EXCLUSIVE) != 0)))
+    return found
+
+
+def _made_own_in_runs(before: list[tuple[int, torch.Tensor]], after: list[tuple[int, torch.Tensor]]) -> int:
+    """The bytes of the pages that are the process's own in ``after`` and were not in ``before`` (both from
+    :func:`_own_pages_of`), counting only runs of at least :data:`OWN_RUN_PAGES` neighbouring pages."""
+    total = 0
+    for start, own in after:
+        made = own.clone()
+        end = start + len(own) * _PAGE
+        for start_before, own_before in before:
+            low, high = max(start, start_before), min(end, start_before + len(own_before) * _PAGE)
+            if low < high:
+                made[(low - start) // _PAGE:(high - start) // _PAGE] &= \
+                    ~own_before[(low - start_before) // _PAGE:(high - start_before) // _PAGE]
+        if int(made.sum()) < OWN_RUN_PAGES:
+            continue
+        edges = torch.diff(made.to(torch.int8), prepend=torch.zeros(1, dtype=torch.int8),
+                           append=torch.zeros(1, dtype=torch.int8))
+        lengths = torch.nonzero(edges < 0).flatten() - torch.nonzero(edges > 0).flatten()  # each run's pages
+        total += int(lengths[lengths >= OWN_RUN_PAGES].sum()) * _PAGE
+    return total
+
+
+def _reset_peak_of(pid: int) -> None:
+    """Make process ``pid``'s peak resident set (``VmHWM``, and the ``ru_maxrss`` its parent gets when it ends)
+    its resident set now (``/proc/<pid>/clear_refs``, Linux 4.0 and later): the peak a forked process inherits,
+    or that it held before heap pages went back, is not the call's. Where the file cannot be written, the peak
+    stays the process's whole life's, which can only fail a tiled loop, never pass a full score matrix."""
+    try:
+        with _open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
 
 
 def _set_dumpable(flag: int) -> None:
@@ -418,7 +472,7 @@ def _threads() -> int:
 
 
 def _readable(ready: int, go: int, step: bytes, threads: int) -> None:
-    """A handshake while this process is dumpable (so the measuring process can read its ``smaps_rollup``):
+    """A handshake while this process is dumpable (so the measuring process can read its ``pagemap``):
     only with no more threads than ``threads``, the count before any learner code ran (this one, and the
     idle worker threads of PyTorch's pool where the process had set a larger pool before the fork), none
     of which runs learner code now (a thread of the learner's could otherwise open this process's ``/proc``
@@ -432,17 +486,28 @@ def _readable(ready: int, go: int, step: bytes, threads: int) -> None:
         _set_dumpable(0)
 
 
+def _warm_up(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block: int) -> None:
+    """Before any learner code: allocate, use and free tensors as any tiled loop does (scores of one block,
+    their maximum, exponentials, sums, a weighted sum), so that the pages this first use writes (the lists of
+    free memory that the allocator sorts on its first requests after the fork, the kernels' own state) are
+    this process's own before the measurement starts, and do not count as the learner's call's."""
+    for start in range(0, key.shape[-2], block):
+        scores = query @ key[..., start:start + block, :].transpose(-2, -1)
+        weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        weights.sum(dim=-1, keepdim=True), weights @ value[..., start:start + block, :]
+
+
 def _call_in_child(obj: Any, small: Case, case: Case, data: int, ready: int, go: int) -> None:
     """The measured child: warm up, make the small call and the large one, send the output (never a
     measurement), and between these steps let the measuring parent read this process's memory. Dumpable (so
-    the parent can read its ``smaps_rollup``) only within those steps, never while learner code runs."""
+    the parent can read its ``pagemap``) only within those steps, never while learner code runs."""
     code = 0
     # The collector would write into every object it visits, pages this process shares with its parent: their
     # private copies would count as the call's memory.
     gc.disable()
     try:
         torch.set_num_threads(1)  # the parent's thread pool did not survive the fork
-        reference_tiled(*small.args)  # the pages any tiled loop writes become this process's own
+        _warm_up(*small.args)
         torch.ones(1 << 17).sum()  # a parallel region: a pool the parent had set up starts its threads now
         _save({"output": small.args[0], "error": None}, io.BytesIO())  # and the code that sends the output
         own_threads = _threads()  # before any learner code: PyTorch's own pool threads at most
@@ -492,6 +557,7 @@ def _measure(obj: Any, small: Case, case: Case, result: int) -> int:
     for fd in (data_w, ready_w, go_r):
         os.close(fd)
     reads: dict[bytes, dict[str, int]] = {}
+    own: dict[bytes, list[tuple[int, torch.Tensor]]] = {}
     payload, problem, ended_early = b"", None, False
     try:
         with _open(data_r, "rb") as pipe:
@@ -500,9 +566,11 @@ def _measure(obj: Any, small: Case, case: Case, result: int) -> int:
                 ended_early = said == b"D" and step != b"D"  # an error before the calls ended: the outcome
                 if said != step and not ended_early:
                     raise OSError("its steps were broken off")
+                if said == b"B":  # the peak from here on is the large call's
+                    _reset_peak_of(pid)
                 reads[said] = _status_of(pid)
-                if said != b"D":
-                    reads[said]["dirty"] = _private_dirty_of(pid)
+                if said in (b"A", b"E"):
+                    own[said] = _own_pages_of(pid)
                 os.write(go_w, b"g")
                 if said == b"D":  # then the output, its length first
                     size = int.from_bytes(pipe.read(8).ljust(8, b"\0"), "little")
@@ -522,10 +590,10 @@ def _measure(obj: Any, small: Case, case: Case, result: int) -> int:
         import resource
 
         # The peak of the learner's process and of every process it started (each from its own peak resident
-        # set, shared pages included) above the resident set before the large call; or, if larger, the private
-        # memory the calls wrote and kept (a buffer made when the cell ran, or in the small call, and filled).
+        # set, shared pages included) above the resident set before the large call; or, if larger, the memory
+        # the calls made their own and kept (a buffer made when the cell ran, or in the small call, and filled).
         tree_peak = max(reads[b"D"]["VmHWM"], resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-        added = max(tree_peak - reads[b"B"]["VmRSS"], reads[b"E"]["dirty"] - reads[b"A"]["dirty"])
+        added = max(tree_peak - reads[b"B"]["VmRSS"], _made_own_in_runs(own[b"A"], own[b"E"]))
     _send(result, added, problem, payload)
     return 0
 
@@ -637,10 +705,24 @@ def _unnormalised(v: View) -> torch.Tensor:
     return torch.exp(scores - scores.amax(dim=-1, keepdim=True)) @ value
 
 
+def _keys_up_to_query_length(v: View) -> torch.Tensor | None:
+    """Attention over the key blocks that ``range(0, Lq, block)`` visits (fewer keys than there are, when
+    Lq < Lk); ``None`` where that loop visits every key."""
+    query, key, value = v.x[:3]
+    seen = -(-query.shape[-2] // v.args[3]) * v.args[3]  # the block starts below Lq, each block long
+    if seen >= key.shape[-2]:
+        return None
+    return F.scaled_dot_product_attention(query, key[..., :seen, :], value[..., :seen, :])
+
+
 _TILED = Check(
     reference=lambda v: F.scaled_dot_product_attention(*v.x[:3]),
     mistakes=(Mistake(_unnormalised, "your output is the accumulator itself: divide each query block's "
-                                     "accumulator by its running sum once its last key block is done"),),
+                                     "accumulator by its running sum once its last key block is done"),
+              Mistake(_keys_up_to_query_length, "your loop over key blocks runs over the number of queries, so "
+                                                "it skips the keys past it (and meets empty blocks when there are "
+                                                "fewer keys than queries): the key blocks must cover every key, "
+                                                "up to the keys' own length")),
     outputs=(Out("output", "F.scaled_dot_product_attention", atol=_tiled_atol, dtype=lambda v: v.args[0].dtype),),
     unpack=second_run("memory", message="expected your function to return the output tensor"),
     after=(_memory,),

@@ -21,6 +21,7 @@ import torch
 
 from attention_course.grading.compare import matches
 from attention_course.grading.declare import Check, Out, View
+from attention_course.grading.findings import FailureKind, Finding
 from attention_course.grading.spec import Case, Exercise, Mistake, Part, preamble, with_texts
 
 PREAMBLE = preamble()
@@ -80,7 +81,11 @@ _LOCATE = Check(
     mistakes=(*(_lookup_mistake("your offsets (and blocks) are one slot off: token p sits at slot p % block_size of "
                                 "entry p // block_size, counting from 0", shift=shift) for shift in (1, -1)),
               _lookup_mistake("you returned the entry of the table (p // block_size), not the physical block stored "
-                              "there: look it up in block_table", logical=True)),
+                              "there: look it up in block_table", logical=True),
+              *(Mistake(lambda v, shift=shift: (v.args[0] + shift) % v.args[2],
+                        f"your offsets are one slot off (those of position p {'+' if shift > 0 else '-'} 1): token p "
+                        "sits at slot p % block_size of its block, counting from 0", on="offsets")
+                for shift in (1, -1))),
     matches=lambda got, wrong: torch.equal(got.long(), wrong),
     explain=(_first_wrong,),
 )
@@ -271,14 +276,29 @@ def _make_room(lengths: torch.Tensor, tables: torch.Tensor, free: torch.Tensor, 
     return keep, recompute, torch.tensor(pool[taken:], dtype=torch.long)
 
 
+_NOT_FREED = ("a preempted sequence's blocks must go back to the free list: that is what preempting is for (and "
+              "the blocks it frees may spare the next sequence)")
+
+
+def _victims_kept(v: View) -> Finding | None:
+    """A free list that is short by exactly the preempted sequences' blocks (it has another length than the right
+    one, so the shape check would otherwise speak first)."""
+    out = v.output
+    free = out[2] if isinstance(out, (tuple, list)) and len(out) == 3 else None
+    if not isinstance(free, torch.Tensor) or free.dim() != 1 or free.shape == v.want.free.shape \
+            or free.is_floating_point():
+        return None
+    kept = _make_room(*v.args, frees_victims=False)[2]
+    return Finding(_NOT_FREED, FailureKind.KNOWN_MISTAKE) if torch.equal(free.long(), kept) else None
+
+
 _ROOM = Check(
     reference=lambda v: _make_room(*v.args),
     outputs=(Out("keep", floating=False, finite=False),
              Out("recompute", floating=False, finite=False),
              Out("free", floating=False, finite=False)),
-    mistakes=(Mistake(lambda v: _make_room(*v.args, frees_victims=False)[2],
-                      "a preempted sequence's blocks must go back to the free list: that is what preempting is "
-                      "for (and the blocks it frees may spare the next sequence)", on="free"),
+    before=(_victims_kept,),
+    mistakes=(Mistake(lambda v: _make_room(*v.args, frees_victims=False)[2], _NOT_FREED, on="free"),
               Mistake(lambda v: _make_room(*v.args, keeps_tokens=False)[1],
                       "a preempted request keeps the tokens it has generated: when readmitted it recomputes its "
                       "prompt AND those tokens (prompt + generated), or its answer restarts and differs",
