@@ -360,7 +360,7 @@ def _status_of(pid: int) -> dict[str, int]:
 #: the pages that any call's small allocations and reference counts write lie scattered, and their number
 #: grows with what the process did before (0.6 MiB in a fresh worker, up to 10 MiB after a test session).
 OWN_RUN_PAGES = 64
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # Windows: no /proc to read anyway
 _EXCLUSIVE = 1 << 56  # /proc/<pid>/pagemap: the page is mapped by this process alone (bit 63, the sign: present)
 
 
