@@ -35,6 +35,9 @@ class Mutant:
     #: words the check's message must contain (naming the mistake, not only a number); every mutant declares them
     #: (test_learner_feedback.test_every_known_mistake_declares_the_words_that_name_it)
     says: str = ""
+    #: caught only where learner code runs without root's rights, as in the grader's sandbox (its rule is the
+    #: sandbox's): judged through the grader's command (test_grader_scores), not in the test process
+    sandbox_only: bool = False
 
 
 MUTANTS = [
@@ -275,6 +278,21 @@ MUTANTS = [
            "    os.wait()\n"
            "    return torch.load(io.BytesIO(data))", zero=True,
            says='compute scores one'),
+    # the full score matrix, freed, then the process's peak reset through /proc/self/clear_refs (the file the
+    # measuring process uses at the large call): while learner code runs the process is not dumpable, so the
+    # file belongs to root and cannot be opened
+    Mutant("tiled_full_matrix_then_peak_reset", "ex11_efficient_attention", "tiled_attention",
+           "scale = 1.0 / math.sqrt(query.shape[-1])",
+           "s = torch.softmax(query @ key.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)\n"
+           "    out = s @ value\n"
+           "    del s\n"
+           "    try:\n"
+           "        with open('/proc/self/clear_refs', 'w') as refs:\n"
+           "            refs.write('5')\n"
+           "    except OSError:\n"
+           "        pass\n"
+           "    return out", zero=True,
+           says='compute scores one', sandbox_only=True),
     Mutant("tiled_not_normalised", "ex11_efficient_attention", "tiled_attention",
            "outputs.append(accumulator / running_sum[..., None])", "outputs.append(accumulator)",
            says="your output is the accumulator itself: divide each query block's"),
@@ -833,6 +851,8 @@ MUTANTS = [
            "return torch.max(self.linear(states), dim=1)",
            says='your head returned a tuple: torch.max along a dimension returns'),
 ]
+#: The mutants that tests judging in their own process (as root, on this project's machines) can judge.
+IN_PROCESS = [mutant for mutant in MUTANTS if not mutant.sandbox_only]
 
 
 def graded_cell(nb: nbformat.NotebookNode, part: str) -> nbformat.NotebookNode:

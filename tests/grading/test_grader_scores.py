@@ -89,6 +89,8 @@ def test_mutant_loses_the_marks_of_its_part(graded, mutant):
     # "part 4 uses your soft_attention_weights from part 2, which fails; fix part 2 first", and so does the grader
     # for a part of a group that reads a mutated one: see test_grouped_mutants_leave_the_other_parts_full_marks).
     assert "which fails; fix part" not in part["message"], part
+    if mutant.sandbox_only:  # judged here only (test_learner_feedback names the others' mistakes in process)
+        assert mutant.says in " ".join(part["message"].split()), part
 
 
 @pytest.mark.parametrize("name", sorted({m.notebook for m in MUTANTS}))

@@ -21,12 +21,12 @@ from attention_course.grading.judge import PartVerdict, judge_part
 from attention_course.grading.notebook_format import TAG_GRADED, cell_tags, notebook_exercise
 from attention_course.grading.wire import outcome_of_call
 from tests.grading.learners import LEARNERS, build
-from tests.grading.mutants import MUTANTS, apply
+from tests.grading.mutants import IN_PROCESS, apply
 
 SEEDS = range(20)
 #: Exercises other sessions own (issue 43 leaves them to their own tests).
 ELSEWHERE = ("ex16", "ex17")
-OURS = [m for m in MUTANTS if not m.notebook.startswith(ELSEWHERE)]
+OURS = [m for m in IN_PROCESS if not m.notebook.startswith(ELSEWHERE)]
 
 
 def _namespace(nb: nbformat.NotebookNode, extra: tuple[str, ...] = ()) -> tuple[object, dict]:
