@@ -8,7 +8,7 @@ are seconds of kernel CPU on the **reference machine**, a two-core machine that 
 grow when the core itself is slower: an older processor, or a virtual core whose sibling another tenant keeps
 busy. Nearly the same notebooks took 518 s and 829 s of kernel CPU on one machine on one day (2026-11-29), the
 second while the host was loaded, and CI 492 s and 807 s on two runs of nearly the same lessons. So the
-execution workers time this workload just before each notebook, in the conditions the notebook then meets
+execution workers time this workload just before each notebook and just after it, in the conditions the notebook meets
 (``_ext/course_execution.py``: in a process forked from the kernel zygote, while the other worker runs its
 own notebook), every notebook's record keeps the figure, and the budget tests convert the notebook's CPU
 time to the reference machine's seconds: ``cpu_s * REFERENCE_CPU_S / calibration_cpu_s``. The Runtimes page
